@@ -1,0 +1,174 @@
+"""``rlattention <fit|eval|viz|data|bench> ...``: the one entry point."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  rlattention fit --config configs/ram_digits.yaml
+  rlattention fit --config configs/ram_mnist.yaml --data-dir ../shared/data/mnist model.num_glimpses=8
+  rlattention fit --resume runs/ram_mnist                    # continue from runs/ram_mnist/checkpoints/last.ckpt
+  rlattention eval runs/ram_mnist/checkpoints/best.ckpt --mc-samples 10
+  rlattention viz runs/ram_mnist/checkpoints/best.ckpt --num-images 8
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rlattention",
+        description="Visual attention trained with reinforcement learning.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    f = sub.add_parser("fit", help="train a method on a dataset", formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--config", "-c", help="experiment YAML (see configs/); defaults are used when omitted")
+    f.add_argument("--data-dir", help="dataset folder (default: data.data_dir, then $RLATTENTION_DATA)")
+    f.add_argument("--resume", help="checkpoint or run folder to continue (its config is used)")
+    f.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. model.num_glimpses=8")
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint")
+    e.add_argument("checkpoint")
+    e.add_argument("--data-dir")
+    e.add_argument("--split", default="test", choices=["test", "val", "train"])
+    e.add_argument("--mc-samples", type=int, default=0, help="average M stochastic episodes (0: mean actions)")
+    e.add_argument("--seed", type=int, default=1234)
+    e.add_argument("--batch-size", type=int, default=1000)
+    e.add_argument("--accelerator", default="cpu")
+    e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+
+    v = sub.add_parser("viz", help="write glimpse figures for a checkpoint")
+    v.add_argument("checkpoint")
+    v.add_argument("--data-dir")
+    v.add_argument("--split", default="test", choices=["test", "val", "train"])
+    v.add_argument("--num-images", type=int, default=8)
+    v.add_argument("--out", help="output folder (default: <run>/figures)")
+    v.add_argument("--seed", type=int, default=1234)
+
+    d = sub.add_parser("data", help="list or inspect datasets")
+    d.add_argument("action", choices=["list", "info"])
+    d.add_argument("name", nargs="?")
+    d.add_argument("--data-dir")
+    d.add_argument("overrides", nargs="*", help="data.* overrides, e.g. data.canvas_size=100")
+
+    b = sub.add_parser("bench", help="run speed benchmarks (ratios against in-repo references)")
+    b.add_argument("which", nargs="*", default=[], help="benchmarks to run (default: all)")
+    b.add_argument("--out", default="benchmarks/results", help="folder for the JSON/markdown tables")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke)")
+    return p
+
+
+def _fit(args) -> int:
+    from rlattention.engine.config import build_config, from_dict, load_config, parse_overrides
+    from rlattention.engine.trainer import _resolve_checkpoint, fit
+
+    if args.resume:
+        if args.config:
+            raise SystemExit("rlattention fit: --resume uses the checkpoint's own config; do not pass --config")
+        from rlattention.engine.checkpoint import load_checkpoint_file
+
+        ckpt = load_checkpoint_file(_resolve_checkpoint(args.resume))
+        base = from_dict(ckpt["config"])
+        import dataclasses
+
+        cfg = build_config(dataclasses.asdict(base), parse_overrides(args.overrides), source=f"{args.resume} (config)")
+    else:
+        cfg = load_config(args.config, args.overrides)
+    report = fit(cfg, data_dir=args.data_dir, resume=args.resume)
+    split = cfg.eval.split
+    m = report[split]
+    how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean locations"
+    print(
+        f"\nfinal {split} accuracy {100 * m['accuracy']:.2f}% (error {m['error']:.2f}%, {how}) "
+        f"after {report['epochs']} epochs, {report['train_seconds']:.0f}s; best epoch {report['best_epoch']}"
+    )
+    print(f"run folder: {report['run_dir']}")
+    if report.get("figures"):
+        print(f"glimpse figures: {Path(report['figures'][0]).parent}")
+    return 0
+
+
+def _eval(args) -> int:
+    from rlattention.engine.trainer import evaluate_checkpoint
+
+    m = evaluate_checkpoint(
+        args.checkpoint, args.data_dir, args.split, args.mc_samples, args.seed, args.batch_size, args.accelerator
+    )
+    if args.json:
+        print(json.dumps(m))
+    else:
+        how = f"average of {args.mc_samples} sampled episodes" if args.mc_samples else "mean locations"
+        print(
+            f"{args.split}: error {m['error']:.2f}%  accuracy {100 * m['accuracy']:.2f}%  "
+            f"({int(m['count'])} images, {how}, seed {args.seed})"
+        )
+    return 0
+
+
+def _viz(args) -> int:
+    import torch
+
+    from rlattention.engine.loader import BatchLoader
+    from rlattention.engine.trainer import _resolve_checkpoint, load_for_eval
+
+    cfg, model, splits = load_for_eval(args.checkpoint, args.data_dir)
+    model.eval()
+    ds = getattr(splits, args.split)
+    n = min(args.num_images, len(ds))
+    images, targets = BatchLoader(ds, max(1, n), shuffle=False).to_device(ds.images[:n], ds.targets[:n])
+    out = Path(args.out) if args.out else _resolve_checkpoint(args.checkpoint).parent.parent / "figures"
+    gen = torch.Generator().manual_seed(args.seed)
+    paths = model.visualize(images, targets, out, generator=gen)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def _data(args) -> int:
+    from rlattention.data.registry import available_datasets, build_dataset
+    from rlattention.engine.config import load_config
+
+    if args.action == "list":
+        for name in available_datasets():
+            print(name)
+        return 0
+    if not args.name:
+        raise SystemExit("rlattention data info NAME: give a dataset name (see `rlattention data list`)")
+    cfg = load_config(None, [f"data.name={args.name}", *args.overrides])
+    s = build_dataset(cfg.data.name, cfg.data, args.data_dir or cfg.data.data_dir)
+    print(f"{args.name}: {s.num_classes} classes, image shape {s.image_shape}")
+    for split in ("train", "val", "test"):
+        ds = getattr(s, split)
+        print(f"  {split}: {len(ds)} images")
+    return 0
+
+
+def _bench(args) -> int:
+    from rlattention.bench import run_benchmarks
+
+    run_benchmarks(args.which, Path(args.out), threads=args.threads, quick=args.quick)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
+    from rlattention.engine.checkpoint import CheckpointError
+    from rlattention.engine.config import ConfigError
+
+    handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench}
+    try:
+        return handlers[args.command](args)
+    except (ConfigError, CheckpointError, FileNotFoundError, KeyError, ValueError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"rlattention {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The ``data:`` section of every experiment config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataConfig:
+    """Which dataset to build and how. Fields a dataset does not use are ignored by it.
+
+    name: a registered dataset (``rlattention data list``): ``digits`` (embedded, no download),
+        ``mnist`` (real idx files), ``cluttered_mnist`` (real digits on a cluttered canvas).
+    data_dir: folder holding the dataset files; ``null`` means ``--data-dir`` / ``$RLATTENTION_DATA``.
+    val_size: images held out of the training split for model selection.
+    seed: seed of the train/validation split and of every generator.
+    num_train / num_test: generated datasets: how many images; real datasets: use only the first
+        ``num_*`` images when > 0 (smoke runs), all when 0.
+    canvas_size: side of the generated canvas in pixels (``digits``, ``cluttered_mnist``).
+    num_clutter / clutter_size: clutter fragments per canvas and their side (``cluttered_mnist``).
+    """
+
+    name: str = "digits"
+    data_dir: str | None = None
+    val_size: int = 6000
+    seed: int = 0
+    num_train: int = 0
+    num_test: int = 0
+    canvas_size: int = 0
+    num_clutter: int = 4
+    clutter_size: int = 8

@@ -1,0 +1,54 @@
+"""Dataset registry: ``name -> builder(cfg, data_dir) -> DataSplits``.
+
+A reader or generator registers itself with :func:`register_dataset`; the engine only calls
+:func:`build_dataset`, so a new dataset is one function and one decorator.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlattention.data.base import DataSplits
+
+Builder = Callable[[Any, "Path | None"], DataSplits]
+_DATASETS: dict[str, Builder] = {}
+
+DATA_ENV = "RLATTENTION_DATA"
+
+
+def register_dataset(name: str) -> Callable[[Builder], Builder]:
+    def deco(fn: Builder) -> Builder:
+        if name in _DATASETS:
+            raise ValueError(f"dataset {name!r} is registered twice")
+        _DATASETS[name] = fn
+        return fn
+
+    return deco
+
+
+def available_datasets() -> list[str]:
+    _import_all()
+    return sorted(_DATASETS)
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
+    """``--data-dir`` wins, then ``$RLATTENTION_DATA``; ``None`` if neither is set."""
+    if data_dir:
+        return Path(data_dir).expanduser()
+    env = os.environ.get(DATA_ENV)
+    return Path(env).expanduser() if env else None
+
+
+def build_dataset(name: str, cfg: Any, data_dir: str | os.PathLike | None = None) -> DataSplits:
+    _import_all()
+    if name not in _DATASETS:
+        raise KeyError(f"unknown dataset {name!r}; registered datasets: {', '.join(sorted(_DATASETS))}")
+    return _DATASETS[name](cfg, resolve_data_dir(data_dir))
+
+
+def _import_all() -> None:
+    # Importing the modules runs their @register_dataset decorators.
+    from rlattention.data import digits, mnist  # noqa: F401

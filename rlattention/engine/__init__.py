@@ -1,0 +1,1 @@
+"""Training loop, checkpoints, logging, distributed launch and config loading (method-independent)."""

@@ -1,0 +1,72 @@
+"""Checkpoint I/O: written atomically, read without executing pickled code.
+
+:class:`AtomicCheckpointIO` is a Lightning ``CheckpointIO`` plugin, so ``fabric.save``/``fabric.load`` use it:
+the checkpoint is written to a temporary file in the same folder, flushed to disk, and renamed over the
+target (``os.replace`` is atomic on POSIX), so a crash mid-write never replaces a good checkpoint. Loading
+uses ``torch.load(weights_only=True)``: only tensors and plain Python containers are accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, truncated, or holds something other than weights and plain data."""
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path
+
+
+def load_checkpoint_file(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, foreign pickle, wrong format...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path}: not a loadable rlattention checkpoint (read with weights_only=True): {first}"
+        ) from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise CheckpointError(f"{path}: expected a dict with 'model' and 'config' entries")
+    return ckpt
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint plugin: atomic writes, weights-only reads."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options: Any | None = None) -> None:
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        return load_checkpoint_file(path, map_location="cpu" if map_location is None else map_location)

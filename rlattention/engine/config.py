@@ -1,0 +1,186 @@
+"""Experiment configs: typed dataclass defaults, YAML files, ``key=value`` command-line overrides.
+
+The schema is ``ExperimentConfig`` with the ``model:`` section of the chosen method. OmegaConf checks every
+key and type against it; an unknown key or a value of the wrong type is a :class:`ConfigError` that names
+the key and lists the valid keys (or the expected type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from rlattention.data.config import DataConfig
+from rlattention.engine.registry import get_method
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | sgd
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd only
+    grad_clip: float = 0.0  # max global grad norm; 0 disables
+    schedule: str = "none"  # none | cosine | step
+    step_epochs: int = 30  # step schedule: decay every this many epochs
+    step_gamma: float = 0.1
+    warmup_steps: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 10
+    max_steps: int = 0  # stop after this many optimiser steps (0: no limit)
+    batch_size: int = 128
+    eval_batch_size: int = 1000
+    accelerator: str = "cpu"  # cpu | cuda | gpu | auto
+    devices: Any = 1  # int or "auto"
+    strategy: str = "auto"  # auto | ddp | ...
+    precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed
+    num_threads: int = 0  # torch intra-op threads on CPU (0: leave torch's default)
+    seed: int = 0
+    out_dir: str = "runs"
+    run_name: str = ""  # default: <method>_<dataset>_<timestamp>
+    log_every: int = 50  # steps between logged scalars
+    val_every: int = 1  # epochs between validations
+    checkpoint_every: int = 0  # also save `last` every this many steps (0: at epoch ends only)
+    progress: bool = True
+    deterministic: bool = False  # torch.use_deterministic_algorithms
+
+
+@dataclass
+class EvalConfig:
+    split: str = "test"  # test | val
+    mc_samples: int = 0  # 0: mean actions; M > 0: average over M sampled episodes
+    seed: int = 1234  # seed of evaluation randomness (initial locations, MC samples)
+    viz_images: int = 6  # glimpse figures written at the end of fit (0: none)
+
+
+@dataclass
+class ExperimentConfig:
+    method: str = "ram"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = None  # the method's Config dataclass
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _schema(method: str) -> DictConfig:
+    cls = get_method(method)
+    base = OmegaConf.structured(ExperimentConfig)
+    base.model = OmegaConf.structured(cls.Config)
+    OmegaConf.set_struct(base, True)
+    return base
+
+
+def _valid_keys(schema: DictConfig, dotted: str) -> tuple[str, list[str]]:
+    """The section that holds ``dotted`` and its valid keys."""
+    parts = dotted.split(".")
+    node: Any = schema
+    section = []
+    for p in parts[:-1]:
+        if isinstance(node, DictConfig) and p in node and isinstance(node[p], DictConfig):
+            node = node[p]
+            section.append(p)
+        else:
+            break
+    return ".".join(section), list(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _explain(exc: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+    key = getattr(exc, "full_key", None) or ""
+    if isinstance(exc, ConfigKeyError | ConfigAttributeError):
+        section, keys = _valid_keys(schema, key)
+        leaf = key.split(".")[-1]
+        hint = difflib.get_close_matches(leaf, keys, n=1)
+        where = f"section '{section}'" if section else "the top level"
+        msg = f"{source}: unknown key '{key}' in {where}. Valid keys: {', '.join(keys)}"
+        if hint:
+            msg += f". Did you mean '{hint[0]}'?"
+        return ConfigError(msg)
+    if isinstance(exc, ValidationError):
+        section, keys = _valid_keys(schema, key)
+        msg = str(exc).splitlines()[0]
+        return ConfigError(
+            f"{source}: bad value for '{key}': {msg}. Valid keys of '{section or 'top'}': {', '.join(keys)}"
+        )
+    return ConfigError(f"{source}: {exc}")
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    out: dict = {}
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. model.num_glimpses=8)")
+        key, value = item.split("=", 1)
+        try:
+            parsed = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            parsed = value
+        out[key.strip()] = parsed
+    return out
+
+
+def build_config(raw: dict, overrides: dict | None = None, source: str = "config") -> ExperimentConfig:
+    """Merge ``raw`` (a dict as read from YAML) and dotted ``overrides`` onto the schema."""
+    overrides = dict(overrides or {})
+    method = overrides.pop("method", None) or raw.get("method", "ram")
+    try:
+        schema = _schema(str(method))
+    except KeyError as e:
+        raise ConfigError(f"{source}: {e.args[0]}") from None
+    cfg = schema.copy()
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.create({k: v for k, v in raw.items() if k != "method"}))
+    except OmegaConfBaseException as e:
+        raise _explain(e, schema, source) from None
+    for key, value in overrides.items():
+        try:
+            OmegaConf.update(cfg, key, value, merge=True, force_add=False)
+        except OmegaConfBaseException as e:
+            raise _explain(e, schema, f"override {key}={value!r}") from None
+    cfg.method = str(method)
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise _explain(e, schema, source) from None
+    return obj  # type: ignore[return-value]
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
+    raw = _read_yaml(Path(path)) if path else {}
+    return build_config(raw, parse_overrides(overrides or []), source=str(path) if path else "defaults")
+
+
+def to_dict(cfg: ExperimentConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict, source: str = "checkpoint") -> ExperimentConfig:
+    return build_config(d, source=source)

@@ -1,0 +1,68 @@
+"""The interface between a method (``rlattention.methods.*``) and the generic engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from rlattention.metrics.classification import classification_metrics
+
+
+@dataclass
+class StepOutput:
+    """What a training forward pass returns.
+
+    loss: the scalar that is back-propagated. terms: its weighted parts (logged, checked for NaN).
+    stats: other scalars worth logging (reward, accuracy, sigma...). All are tensors; the engine decides
+    when to turn them into floats, so the hot path never synchronises.
+    """
+
+    loss: Tensor
+    terms: dict[str, Tensor] = field(default_factory=dict)
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model needs to know about its data to be built."""
+
+    image_shape: tuple[int, int, int]  # (C, H, W)
+    num_classes: int
+
+
+class AttentionMethod(nn.Module):
+    """Base class of every method. Subclasses set ``Config`` and implement the four methods below.
+
+    ``forward(images, targets)`` is the training step (so DDP and precision wrappers see it);
+    ``predict`` is evaluation: deterministic (mean actions) unless ``mc_samples > 0``.
+    """
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type] = object
+    #: the validation metric used for model selection and whether larger is better
+    selection_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
+
+    @classmethod
+    def from_config(cls, cfg: Any, info: DataInfo) -> AttentionMethod:
+        raise NotImplementedError(f"{cls.__name__} must implement from_config")
+
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:  # pragma: no cover - interface
+        raise NotImplementedError(f"{type(self).__name__} must implement forward (the training step)")
+
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement predict")  # pragma: no cover
+
+    def set_progress(self, progress: float) -> None:
+        """Called before every training step with the fraction of training done, in [0, 1]."""
+
+    def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
+        """Evaluation metrics from all predictions of a split (default: classification)."""
+        return classification_metrics(scores, targets)
+
+    def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
+        """Write figures for ``images`` into ``out_dir``; return the paths written."""
+        raise NotImplementedError(f"{type(self).__name__} has no visualisation")  # pragma: no cover

@@ -1,0 +1,376 @@
+"""The generic training and evaluation loop, on Lightning Fabric.
+
+Fabric owns devices, the distributed strategy, precision, checkpoint I/O (through
+:class:`~rlattention.engine.checkpoint.AtomicCheckpointIO`) and the loggers (CSV + TensorBoard); this module
+owns only what is specific to us: the method registry, model selection on the validation split, resumable
+progress and the final report.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from lightning.fabric import Fabric
+from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+from tqdm.auto import tqdm
+
+from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.registry import build_dataset
+from rlattention.engine.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
+from rlattention.engine.config import ExperimentConfig, OptimConfig, from_dict, to_dict
+from rlattention.engine.loader import BatchLoader
+from rlattention.engine.method import AttentionMethod, DataInfo
+from rlattention.engine.registry import get_method
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss: the run stops, the last good checkpoint is kept."""
+
+
+@dataclass
+class Progress:
+    epoch: int = 0  # epochs completed
+    epoch_step: int = 0  # batches done in the current epoch (mid-epoch checkpoints)
+    step: int = 0  # optimiser steps done
+    best_value: float | None = None
+    best_epoch: int = -1
+    wall_time: float = 0.0  # seconds of training so far, across resumes
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, d: dict) -> None:
+        self.__dict__.update(d)
+
+
+def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    if cfg.name == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    raise ValueError(f"optim.name must be 'adam' or 'sgd', got {cfg.name!r}")
+
+
+def make_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, steps_per_epoch: int):
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
+        if cfg.schedule == "none":
+            return warm
+        if cfg.schedule == "cosine":
+            return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(1, total_steps)))
+        if cfg.schedule == "step":
+            return warm * cfg.step_gamma ** (step // max(1, cfg.step_epochs * steps_per_epoch))
+        raise ValueError(f"optim.schedule must be 'none', 'cosine' or 'step', got {cfg.schedule!r}")
+
+    factor(0)  # validate the name now, not at the first step
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def _unwrap(model) -> AttentionMethod:
+    return model.module if hasattr(model, "module") and isinstance(model.module, AttentionMethod) else model
+
+
+def _check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 65536)
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise OSError(f"run folder {run_dir} is not writable ({e.strerror or e}); set trainer.out_dir") from None
+
+
+def _csv_logger(run_dir: Path, resume: bool) -> CSVLogger:
+    """Lightning's CSV logger; on resume it appends to the run's metrics.csv instead of replacing it."""
+    logger = CSVLogger(run_dir, name="logs", version="")
+    csv_path = run_dir / "logs" / "metrics.csv"
+    if resume and csv_path.is_file():
+        aside = run_dir / ".metrics.csv.previous"
+        os.replace(csv_path, aside)
+        writer = logger.experiment  # created now, while there is no metrics.csv for it to delete
+        os.replace(aside, csv_path)
+        with open(csv_path, newline="") as f:
+            header = next(csv.reader(f), [])
+        writer.metrics_keys = sorted(header)  # append under the existing columns
+    return logger
+
+
+def _make_fabric(cfg: ExperimentConfig, run_dir: Path | None, resume: bool = False) -> Fabric:
+    tc = cfg.trainer
+    loggers = []
+    if run_dir is not None:
+        loggers = [_csv_logger(run_dir, resume), TensorBoardLogger(run_dir, name="tb", version="")]
+    return Fabric(
+        accelerator=tc.accelerator,
+        devices=tc.devices,
+        strategy=tc.strategy,
+        precision=tc.precision,
+        plugins=[AtomicCheckpointIO()],
+        loggers=loggers,
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    fabric: Fabric,
+    model: AttentionMethod,
+    dataset: ArrayDataset,
+    batch_size: int,
+    mc_samples: int = 0,
+    seed: int = 1234,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Metrics of ``model`` on ``dataset``: eval mode, seeded, mean actions unless ``mc_samples > 0``."""
+    model = _unwrap(model)
+    was_training = model.training
+    model.eval()
+    loader = BatchLoader(dataset, batch_size, shuffle=False, drop_last=False, device=fabric.device)
+    gen = torch.Generator(device=fabric.device).manual_seed(seed)
+    scores = []
+    for images, _ in tqdm(loader, desc="eval", leave=False, disable=not progress or fabric.global_rank != 0):
+        with fabric.autocast():
+            scores.append(model.predict(images, mc_samples=mc_samples, generator=gen).float().cpu())
+    model.train(was_training)
+    return model.metrics(torch.cat(scores), dataset.targets.cpu())
+
+
+def _resolve_checkpoint(path: str | Path) -> Path:
+    p = Path(path)
+    return p / "checkpoints" / "last.ckpt" if p.is_dir() else p
+
+
+def fit(
+    cfg: ExperimentConfig,
+    data_dir: str | None = None,
+    resume: str | Path | None = None,
+    splits: DataSplits | None = None,
+) -> dict[str, Any]:
+    """Train ``cfg``; returns the final report (best epoch, validation and test metrics, paths)."""
+    tc = cfg.trainer
+    if tc.num_threads > 0:
+        torch.set_num_threads(tc.num_threads)
+    if tc.deterministic:
+        torch.use_deterministic_algorithms(True)
+    resume_path = _resolve_checkpoint(resume) if resume else None
+    if resume_path is not None:
+        if not resume_path.is_file():
+            raise CheckpointError(f"--resume: checkpoint not found: {resume_path}")
+        run_dir = resume_path.parent.parent
+    else:
+        name = tc.run_name or f"{cfg.method}_{cfg.data.name}_{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(tc.out_dir) / name
+    fabric = _make_fabric(cfg, run_dir, resume=resume_path is not None)
+    fabric.launch()
+    run_dir = Path(fabric.broadcast(str(run_dir)))
+    if fabric.global_rank == 0:
+        _check_writable(run_dir)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    fabric.barrier()
+
+    fabric.seed_everything(tc.seed, verbose=False)  # same initial weights on every rank
+    if splits is None:
+        splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
+    method_cls = get_method(cfg.method)
+    model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes))
+    optimizer = make_optimizer(model.parameters(), cfg.optim)
+    loader = BatchLoader(
+        splits.train, tc.batch_size, True, tc.seed, fabric.global_rank, fabric.world_size, True, fabric.device
+    )
+    steps_per_epoch = len(loader)
+    total_steps = tc.max_steps if tc.max_steps > 0 else tc.epochs * steps_per_epoch
+    scheduler = make_scheduler(optimizer, cfg.optim, total_steps, steps_per_epoch)
+    model, optimizer = fabric.setup(model, optimizer)
+    raw = _unwrap(model)
+    progress = Progress()
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "progress": progress}
+    if resume_path is not None:
+        rest = fabric.load(resume_path, state, strict=False)  # restores model, optimizer and scheduler in place
+        loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
+        progress.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
+        state["progress"] = progress
+        if "torch_rng" in rest:
+            torch.set_rng_state(rest["torch_rng"])
+    else:
+        fabric.seed_everything(tc.seed + fabric.global_rank, verbose=False)  # rank-specific exploration noise
+
+    metric_name, mode = raw.selection_metric
+    better = (lambda a, b: a > b) if mode == "max" else (lambda a, b: a < b)
+    ckpt_dir = run_dir / "checkpoints"
+
+    def save(name: str) -> None:
+        fabric.save(
+            ckpt_dir / f"{name}.ckpt",
+            {
+                "model": model,
+                "optimizer": optimizer,
+                "scheduler": scheduler,
+                "progress": progress,
+                "config": to_dict(cfg),
+                "torch_rng": torch.get_rng_state(),
+                "data_info": {"image_shape": list(splits.image_shape), "num_classes": splits.num_classes},
+            },
+        )
+
+    is_cpu = fabric.device.type == "cpu"
+    done = progress.step >= total_steps
+    t_start = time.perf_counter() - progress.wall_time
+    val_metrics: dict[str, float] = {}
+    while not done and progress.epoch < tc.epochs:
+        epoch = progress.epoch
+        loader.set_epoch(epoch, progress.epoch_step)
+        model.train()
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        bar = tqdm(
+            total=steps_per_epoch,
+            initial=progress.epoch_step,
+            desc=f"epoch {epoch + 1}/{tc.epochs}",
+            disable=not tc.progress or fabric.global_rank != 0,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+        t_log = time.perf_counter()
+        for images, targets in loader:
+            raw.set_progress(progress.step / max(1, total_steps))
+            out = model(images, targets)
+            if is_cpu and not torch.isfinite(out.loss):
+                _diverged(out, progress.step)
+            optimizer.zero_grad(set_to_none=True)
+            fabric.backward(out.loss)
+            if cfg.optim.grad_clip > 0:
+                fabric.clip_gradients(model, optimizer, max_norm=cfg.optim.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            progress.step += 1
+            progress.epoch_step += 1
+            for k, v in {"loss": out.loss, **out.terms, **out.stats}.items():
+                sums[k] = sums[k] + v.detach() if k in sums else v.detach().clone()
+            count += 1
+            bar.update(1)
+            if progress.step % tc.log_every == 0:
+                logged = {f"train/{k}": float(v) / count for k, v in sums.items()}
+                if not math.isfinite(logged["train/loss"]):
+                    _diverged(out, progress.step)
+                now = time.perf_counter()
+                logged["train/images_per_s"] = count * tc.batch_size * fabric.world_size / max(1e-9, now - t_log)
+                logged["train/lr"] = scheduler.get_last_lr()[0]
+                fabric.log_dict(logged, step=progress.step)
+                bar.set_postfix(
+                    loss=f"{logged['train/loss']:.3f}",
+                    reward=f"{logged.get('train/reward', float('nan')):.3f}",
+                    img_s=f"{logged['train/images_per_s']:.0f}",
+                    refresh=False,
+                )
+                sums, count, t_log = {}, 0, now
+            if tc.checkpoint_every > 0 and progress.step % tc.checkpoint_every == 0:
+                progress.wall_time = time.perf_counter() - t_start
+                save("last")
+            if progress.step >= total_steps:
+                done = True
+                break
+        bar.close()
+        epoch_finished = progress.epoch_step >= steps_per_epoch
+        if epoch_finished:
+            progress.epoch += 1
+            progress.epoch_step = 0
+        progress.wall_time = time.perf_counter() - t_start
+        if epoch_finished and (progress.epoch % tc.val_every == 0 or done or progress.epoch == tc.epochs):
+            val_metrics = evaluate(fabric, model, splits.val, tc.eval_batch_size, 0, cfg.eval.seed)
+            fabric.log_dict({f"val/{k}": v for k, v in val_metrics.items()}, step=progress.step)
+            value = val_metrics[metric_name]
+            if progress.best_value is None or better(value, progress.best_value):
+                progress.best_value, progress.best_epoch = value, progress.epoch
+                save("best")
+            if fabric.global_rank == 0:
+                fabric.print(
+                    f"epoch {progress.epoch}: val {metric_name} {value:.4f} (best {progress.best_value:.4f} "
+                    f"at epoch {progress.best_epoch}), {progress.wall_time:.0f}s"
+                )
+        save("last")
+
+    # Final report: the model selected on validation, evaluated once on the requested split.
+    best_path = ckpt_dir / "best.ckpt"
+    if best_path.is_file():
+        fabric.load(best_path, {"model": model}, strict=False)
+    test_split = splits.test if cfg.eval.split == "test" else splits.val
+    test_metrics = evaluate(fabric, model, test_split, tc.eval_batch_size, cfg.eval.mc_samples, cfg.eval.seed)
+    fabric.log_dict({f"{cfg.eval.split}/{k}": v for k, v in test_metrics.items()}, step=progress.step)
+    report = {
+        "run_dir": str(run_dir),
+        "method": cfg.method,
+        "dataset": cfg.data.name,
+        "epochs": progress.epoch,
+        "steps": progress.step,
+        "train_seconds": round(progress.wall_time, 1),
+        "best_epoch": progress.best_epoch,
+        f"best_val_{metric_name}": progress.best_value,
+        cfg.eval.split: test_metrics,
+    }
+    figures: list[str] = []
+    if fabric.global_rank == 0:
+        if cfg.eval.viz_images > 0:
+            n = min(cfg.eval.viz_images, len(test_split))
+            gen = torch.Generator(device=fabric.device).manual_seed(cfg.eval.seed)
+            images, targets = BatchLoader(test_split, n, shuffle=False, device=fabric.device).to_device(
+                test_split.images[:n], test_split.targets[:n]
+            )
+            try:
+                figures = [str(p) for p in raw.visualize(images, targets, run_dir / "figures", generator=gen)]
+            except NotImplementedError:
+                figures = []
+        report["figures"] = figures
+        (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    for logger in fabric.loggers:
+        logger.finalize("success")
+    return report
+
+
+def _diverged(out, step: int) -> None:
+    bad = [k for k, v in out.terms.items() if not torch.isfinite(v).all()]
+    raise TrainingDiverged(
+        f"non-finite loss at step {step} (terms: {', '.join(bad) or 'loss'}); "
+        "the last good checkpoint is kept in checkpoints/last.ckpt"
+    )
+
+
+def load_for_eval(path: str | Path, data_dir: str | None = None, overrides: dict | None = None):
+    """Load a checkpoint (weights only) and rebuild its model and data. Returns (cfg, model, splits)."""
+    ckpt = load_checkpoint_file(_resolve_checkpoint(path))
+    cfg_dict = ckpt["config"]
+    cfg = from_dict(cfg_dict, source=f"{path} (config)")
+    splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
+    model = get_method(cfg.method).from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit the model of its config: {e}") from None
+    return cfg, model, splits
+
+
+def evaluate_checkpoint(
+    path: str | Path,
+    data_dir: str | None = None,
+    split: str = "test",
+    mc_samples: int = 0,
+    seed: int = 1234,
+    batch_size: int = 1000,
+    accelerator: str = "cpu",
+) -> dict[str, float]:
+    cfg, model, splits = load_for_eval(path, data_dir)
+    if split not in ("test", "val", "train"):
+        raise ValueError(f"split must be test, val or train, got {split!r}")
+    fabric = Fabric(accelerator=accelerator, devices=1, precision=cfg.trainer.precision)
+    model = fabric.setup_module(model)
+    return evaluate(fabric, model, getattr(splits, split), batch_size, mc_samples, seed, progress=True)

@@ -1,0 +1,1 @@
+"""Evaluation metrics: classification, multi-label, retrieval, sketch retrieval, re-identification."""

@@ -1,0 +1,32 @@
+"""The score-function (REINFORCE) policy-gradient loss."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def reinforce_loss(
+    log_pi: Tensor,
+    returns: Tensor,
+    baseline: Tensor | None = None,
+    weights: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """L = -(1/B) sum_b sum_t w_bt (G_bt - b_bt) log pi(a_bt | s_bt).
+
+    Its gradient is the REINFORCE estimate of -grad J (Williams 1992; RAM eq. 2 with a baseline).
+    log_pi, returns, baseline, weights, mask: ``(B, T)`` (or ``(B,)``). The advantage ``G - b`` and the
+    weights are detached, so the policy term sends no gradient into the baseline or the reward.
+    mask: 1 for steps whose action was actually taken, 0 for padding.
+    """
+    advantage = returns.detach()
+    if baseline is not None:
+        advantage = advantage - baseline.detach()
+    if weights is not None:
+        advantage = advantage * weights.detach()
+    if mask is not None:
+        advantage = advantage * mask.to(advantage.dtype)
+    per_sample = -(log_pi * advantage)
+    if per_sample.ndim > 1:
+        per_sample = per_sample.sum(dim=tuple(range(1, per_sample.ndim)))
+    return per_sample.mean()

@@ -1,0 +1,74 @@
+"""Figures of what a sensor saw (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rlattention.vision.glimpse import locations_to_pixels
+
+
+def _as_image(x: Tensor):
+    x = x.detach().float().cpu()
+    return x[0].numpy() if x.shape[0] == 1 else x.permute(1, 2, 0).clamp(0, 1).numpy()
+
+
+def plot_glimpses(
+    image: Tensor, locations: Tensor, patches: Tensor, sides: Sequence[float], path: Path, title: str = ""
+) -> Path:
+    """Draw the glimpse path on the image and the multi-scale patches of every step.
+
+    image ``(C, H, W)`` in [0, 1]; locations ``(T, 2)`` in [-1, 1]; patches ``(T, k, C, g, g)``;
+    sides: the side in pixels of each scale's square. Writes a PNG at ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    T, k = patches.shape[:2]
+    H, W = image.shape[-2:]
+    fig = plt.figure(figsize=(3.2 + 1.3 * T, max(3.2, 1.3 * k + 0.6)))
+    grid = fig.add_gridspec(k, T + 3)
+    ax = fig.add_subplot(grid[:, :3])
+    ax.imshow(_as_image(image), cmap="gray", vmin=0, vmax=1, extent=(0, W, H, 0))
+    px = locations_to_pixels(locations.detach().float().cpu(), H, W).numpy()
+    colours = plt.cm.viridis(torch.linspace(0, 1, T).numpy())
+    ax.plot(px[:, 0], px[:, 1], "-", color="white", lw=1, alpha=0.7)
+    for t in range(T):
+        for s, side in enumerate(sides):
+            ax.add_patch(
+                Rectangle(
+                    (px[t, 0] - side / 2, px[t, 1] - side / 2),
+                    side,
+                    side,
+                    fill=False,
+                    edgecolor=colours[t],
+                    lw=1.5 if s == 0 else 0.8,
+                    alpha=1.0 if s == 0 else 0.6,
+                )
+            )
+        ax.text(px[t, 0], px[t, 1], str(t + 1), color=colours[t], fontsize=8, ha="center", va="center")
+    ax.set_xlim(-W * 0.1, W * 1.1)
+    ax.set_ylim(H * 1.1, -H * 0.1)
+    ax.set_title(title, fontsize=9)
+    ax.axis("off")
+    for t in range(T):
+        for s in range(k):
+            a = fig.add_subplot(grid[s, 3 + t])
+            a.imshow(_as_image(patches[t, s]), cmap="gray", vmin=0, vmax=1)
+            a.set_xticks([])
+            a.set_yticks([])
+            if s == 0:
+                a.set_title(f"t={t + 1}", fontsize=8, color=colours[t])
+            if t == 0:
+                a.set_ylabel(f"x{sides[s] / sides[0]:g}", fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path

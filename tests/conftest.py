@@ -1,0 +1,36 @@
+"""Fixtures shared by the whole test suite: where the real data lives, and skipping when it is absent."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+#: ``../shared/data`` next to the repository (the repository root is ``parents[1]`` of this file).
+DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def require_path(path: Path, what: str) -> Path:
+    """Return ``path`` if it exists, else skip the calling test with a reason naming ``what`` and ``path``."""
+    if not path.exists():
+        pytest.skip(f"{what} not found at {path} (set RLATTENTION_DATA to the shared data folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared real-data folder: ``$RLATTENTION_DATA`` if set, else ``../shared/data`` beside the repo."""
+    env = os.environ.get("RLATTENTION_DATA")
+    return Path(env).expanduser() if env else DEFAULT_SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def require_data(shared_data: Path) -> Callable[[str], Path]:
+    """``require_data("mnist")``: ``shared_data / "mnist"``; skips the test when that folder is absent."""
+
+    def require(relative: str) -> Path:
+        return require_path(shared_data / relative, f"shared data folder {relative!r}")
+
+    return require
