@@ -56,6 +56,10 @@ class AttentionMethod(nn.Module):
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement predict")  # pragma: no cover
 
+    def attack_logits(self, images: Tensor, seed: int = 0) -> Tensor:
+        """Differentiable deterministic logits ``(B, K)`` for gradient-based attacks (mean actions)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support gradient attacks")
+
     def set_progress(self, progress: float) -> None:
         """Called before every training step with the fraction of training done, in [0, 1]."""
 

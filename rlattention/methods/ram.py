@@ -74,7 +74,8 @@ class GlimpseNetwork(nn.Module):
         self.fc_where = nn.Linear(loc_hidden, out_features, bias=False)
 
     def forward(self, patches: Tensor, loc: Tensor) -> Tensor:
-        h_g = F.relu(self.fc_patch(patches))
+        """patches ``(B, k, C, g, g)``, loc ``(B, 2)`` -> ``(B, out_features)``."""
+        h_g = F.relu(self.fc_patch(patches.flatten(1)))
         h_l = F.relu(self.fc_loc(loc))
         return F.relu(self.fc_what(h_g) + self.fc_where(h_l))
 
@@ -110,7 +111,8 @@ class Episode(NamedTuple):
     log_pi: Tensor  # (B, T-1) log-probabilities of the locations actually used
     baseline: Tensor  # (B, T-1) b_t for those actions
     locations: Tensor  # (B, T, 2) L_0 .. L_{T-1}
-    patches: Tensor | None  # (B, T, k, C, g, g) when recorded
+    patches: Tensor  # (B, T, k, C, g, g) what the sensor returned at each glimpse
+    hidden: Tensor  # (B, T, H) H_1 .. H_T
 
 
 @register_method("ram")
@@ -152,26 +154,32 @@ class RAM(AttentionMethod):
         images: Tensor,
         deterministic: bool = False,
         generator: torch.Generator | None = None,
-        record: bool = False,
+        initial_location: Tensor | None = None,
+        differentiable_locations: bool = False,
     ) -> Episode:
-        """Run T glimpses. images ``(B, C, H, W)`` in [0, 1]."""
+        """Run T glimpses. images ``(B, C, H, W)`` in [0, 1].
+
+        initial_location: ``(B, 2)`` L_0 (default: :meth:`initial_location`).
+        differentiable_locations: with ``deterministic``, let gradients flow through the mean locations
+            (x -> H_t -> mu_t = L_t -> next patch), e.g. for gradient-based attacks. Never used in training.
+        """
         B, T = images.shape[0], self.cfg.num_glimpses
         prepared = self.sensor.prepare(images)  # once per episode: depends only on the image
-        loc = self.initial_location(B, images, generator)
+        loc = self.initial_location(B, images, generator) if initial_location is None else initial_location
         state = self.core.initial_state(B, images)
-        log_pis, baselines, locs, patches_seen = [], [], [loc], []
+        log_pis, baselines, locs, patches_seen, hidden = [], [], [loc], [], []
         h = None
         for t in range(T):
-            patches = self.sensor.extract(prepared, loc, images.dtype)  # (B, k, C, g, g)
-            if record:
-                patches_seen.append(patches)
-            g_t = self.glimpse(patches.flatten(1), loc)  # G_t
+            patches = self.sensor.extract(prepared, loc, images.dtype)  # x_t: (B, k, C, g, g)
+            patches_seen.append(patches)
+            g_t = self.glimpse(patches, loc)  # G_t
             h, state = self.core(g_t, state)  # H_t
+            hidden.append(h)
             if t < T - 1:  # L_t is used by the next glimpse, so it is an action
                 act = self.locator(h if self.cfg.policy_grad_to_core else h.detach(), deterministic, generator)
                 log_pis.append(act.log_prob)  # log pi(L_t | H_t) of exactly the L_t used below
                 baselines.append(self.baseline(h))  # b_t, detached input
-                loc = act.action
+                loc = act.mean if (differentiable_locations and deterministic) else act.action
                 locs.append(loc)
         logits = self.classifier(h)
         empty = images.new_zeros(B, 0)
@@ -180,7 +188,8 @@ class RAM(AttentionMethod):
             torch.stack(log_pis, 1) if log_pis else empty,
             torch.stack(baselines, 1) if baselines else empty,
             torch.stack(locs, 1),
-            torch.stack(patches_seen, 1) if record else None,
+            torch.stack(patches_seen, 1),
+            torch.stack(hidden, 1),
         )
 
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
@@ -208,11 +217,16 @@ class RAM(AttentionMethod):
             probs = probs + self.episode(images, deterministic=False, generator=generator).logits.softmax(-1)
         return probs / mc_samples
 
+    def attack_logits(self, images: Tensor, seed: int = 0) -> Tensor:
+        """Deterministic logits with gradients through the mean locations (L_0 drawn from ``seed``)."""
+        gen = torch.Generator(device=images.device).manual_seed(seed)
+        return self.episode(images, deterministic=True, generator=gen, differentiable_locations=True).logits
+
     @torch.no_grad()
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
         from rlattention.vision.plot import plot_glimpses
 
-        ep = self.episode(images, deterministic=True, generator=generator, record=True)
+        ep = self.episode(images, deterministic=True, generator=generator)
         pred = ep.logits.argmax(-1)
         sides = [self.cfg.glimpse_size * self.cfg.scale_factor**s for s in range(self.cfg.num_scales)]
         paths = []

@@ -13,6 +13,10 @@ the image over its ``f^s`` x ``f^s`` square, is a 2-D finite difference of ``S``
 A glimpse samples ``S`` at the ``(g + 1)^2`` corner lattice of each scale: one
 :func:`torch.nn.functional.grid_sample` call for the whole batch and all scales. Gradients reach the image.
 
+With a single scale every output pixel is one pixel-sized square, whose exact area average is the
+bilinear interpolation at its centre: then no integral image is needed and the glimpse is a plain bilinear
+``grid_sample`` of the image (zero padding), which is the same value and much cheaper.
+
 Modes: ``"area"`` averages over the square centred at the exact continuous location; ``"nearest"`` snaps the
 centre to the pixel grid the way public RAM code does (``floor((l + 1) / 2 * W)``, patch
 ``[c - n // 2, c - n // 2 + n)``) and then equals the pad-slice-average-pool reference
@@ -61,6 +65,7 @@ class GlimpseSensor(nn.Module):
         step = torch.tensor([scale_factor**s for s in range(num_scales)], dtype=torch.float64)
         self.register_buffer("_step", step, persistent=False)  # (k,) side of one output pixel, in pixels
         self.register_buffer("_corner", torch.arange(size + 1, dtype=torch.float64), persistent=False)
+        self._direct = num_scales == 1  # one pixel-sized block per output pixel: sample the image directly
         self._cache_key: tuple | None = None
         self._cached_offsets = torch.empty(0)
         self._cached_inv_area = torch.empty(0)
@@ -71,8 +76,9 @@ class GlimpseSensor(nn.Module):
         return self.num_scales * self.size * self.size
 
     def prepare(self, images: Tensor) -> Tensor:
-        """Per-episode work: the integral image. ``(B, C, H, W)`` -> float64 ``(B, C, H + 1, W + 1)``."""
-        return integral_image(images)
+        """Per-episode work: the integral image, float64 ``(B, C, H + 1, W + 1)`` (the image itself when there
+        is a single scale)."""
+        return images if self._direct else integral_image(images)
 
     def _offsets(self, H: int, W: int, device: torch.device) -> Tensor:
         """Corner lattice of every scale relative to the centre, in grid units: ``(k * (g + 1), g + 1, 2)``.
@@ -80,7 +86,14 @@ class GlimpseSensor(nn.Module):
         Cached per image size and device: ``grid = centre + offsets`` is then one add per glimpse.
         """
         key = (H, W, device)
-        if self._cache_key != key:
+        if self._cache_key != key and self._direct:  # pixel-centre lattice of the g x g patch
+            centre = self._corner[:-1].to(device) + 0.5 - (self.size // 2 if self.mode == "nearest" else self.size / 2)
+            g = self.size
+            ox = (centre * (2.0 / W))[None, :].expand(g, g)
+            oy = (centre * (2.0 / H))[:, None].expand(g, g)
+            self._cached_offsets = torch.stack((ox, oy), dim=-1)  # (g, g, 2)
+            self._cache_key = key
+        elif self._cache_key != key:
             step = self._step.to(device)
             extent = self.size * step  # (k,) patch side in pixels
             half = torch.floor(extent / 2) if self.mode == "nearest" else extent / 2
@@ -99,6 +112,8 @@ class GlimpseSensor(nn.Module):
         prepared: output of :meth:`prepare`. locations: ``(B, 2)`` (x, y), nominally in [-1, 1]; values
         outside see zero padding. Returns ``(B, k, C, g, g)`` in ``dtype``.
         """
+        if self._direct:
+            return self._extract_direct(prepared, locations, dtype)
         B, C, H1, W1 = prepared.shape
         H, W = H1 - 1, W1 - 1
         offsets = self._offsets(H, W, prepared.device)
@@ -112,6 +127,18 @@ class GlimpseSensor(nn.Module):
         S = S.reshape(B, C, k, g1, g1)
         means = S.diff(dim=-1).diff(dim=-2) * self._cached_inv_area  # (B, C, k, g, g) area means
         return means.transpose(1, 2).to(dtype)
+
+    def _extract_direct(self, images: Tensor, locations: Tensor, dtype: torch.dtype) -> Tensor:
+        B, C, H, W = images.shape
+        offsets = self._offsets(H, W, images.device).to(images.dtype)
+        centre = locations.to(images.dtype)  # align_corners=False: [-1, 1] spans the pixel edges
+        if self.mode == "nearest":
+            size = torch.tensor([W, H], dtype=images.dtype, device=images.device)
+            centre = torch.floor(0.5 * (centre + 1.0) * size) * (2.0 / size) - 1.0
+        grid = centre[:, None, None, :] + offsets
+        mode = "nearest" if self.mode == "nearest" else "bilinear"  # nearest: exact pixels at the centres
+        out = F.grid_sample(images, grid, mode=mode, padding_mode="zeros", align_corners=False)
+        return out[:, None].to(dtype)
 
     def forward(self, images: Tensor, locations: Tensor) -> Tensor:
         """``(B, C, H, W)``, ``(B, 2)`` -> ``(B, k, C, g, g)``. Inside an episode, prepare once and extract."""

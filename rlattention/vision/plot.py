@@ -16,13 +16,26 @@ def _as_image(x: Tensor):
     return x[0].numpy() if x.shape[0] == 1 else x.permute(1, 2, 0).clamp(0, 1).numpy()
 
 
+def _box_to_pixels(box: Tensor, H: int, W: int) -> tuple[float, float, float, float]:
+    """(x0, y0, x1, y1) normalised -> (left, top, width, height) in pixels."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    return (x0 + 1) * W / 2, (y0 + 1) * H / 2, (x1 - x0) * W / 2, (y1 - y0) * H / 2
+
+
 def plot_glimpses(
-    image: Tensor, locations: Tensor, patches: Tensor, sides: Sequence[float], path: Path, title: str = ""
+    image: Tensor,
+    locations: Tensor,
+    patches: Tensor,
+    sides: Sequence[float],
+    path: Path,
+    title: str = "",
+    region: Tensor | None = None,
 ) -> Path:
     """Draw the glimpse path on the image and the multi-scale patches of every step.
 
     image ``(C, H, W)`` in [0, 1]; locations ``(T, 2)`` in [-1, 1]; patches ``(T, k, C, g, g)``;
-    sides: the side in pixels of each scale's square. Writes a PNG at ``path``.
+    sides: the side in pixels of each scale's square; region: an optional box ``(4,)`` (normalised x0, y0,
+    x1, y1), e.g. the top-down region the first glimpse was drawn from, drawn dashed. Writes a PNG.
     """
     import matplotlib
 
@@ -39,6 +52,9 @@ def plot_glimpses(
     px = locations_to_pixels(locations.detach().float().cpu(), H, W).numpy()
     colours = plt.cm.viridis(torch.linspace(0, 1, T).numpy())
     ax.plot(px[:, 0], px[:, 1], "-", color="white", lw=1, alpha=0.7)
+    if region is not None:
+        left, top, w, h = _box_to_pixels(region.detach().cpu(), H, W)
+        ax.add_patch(Rectangle((left, top), w, h, fill=False, edgecolor="red", lw=1.5, ls="--"))
     for t in range(T):
         for s, side in enumerate(sides):
             ax.add_patch(
@@ -67,6 +83,41 @@ def plot_glimpses(
                 a.set_title(f"t={t + 1}", fontsize=8, color=colours[t])
             if t == 0:
                 a.set_ylabel(f"x{sides[s] / sides[0]:g}", fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_region_q(
+    image: Tensor, boxes: Sequence[Tensor], q: Sequence[Tensor], actions: Sequence[Tensor], path: Path
+) -> Path:
+    """One panel per pyramid level: the level's sub-regions on the image, each labelled with its Q-value, the
+    chosen one highlighted. boxes ``[(A, 4)]``, q ``[(A,)]``, actions ``[()]`` per level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    H, W = image.shape[-2:]
+    L = len(boxes)
+    fig, axes = plt.subplots(1, L, figsize=(3.2 * L, 3.4), squeeze=False)
+    for level, ax in enumerate(axes[0]):
+        ax.imshow(_as_image(image), cmap="gray", vmin=0, vmax=1, extent=(0, W, H, 0))
+        qv = q[level].detach().float().cpu()
+        for a in range(len(qv)):
+            left, top, w, h = _box_to_pixels(boxes[level][a].detach().cpu(), H, W)
+            chosen = a == int(actions[level])
+            ax.add_patch(
+                Rectangle((left, top), w, h, fill=False, edgecolor="red" if chosen else "cyan", lw=2 if chosen else 1)
+            )
+            ax.text(left + w / 2, top + h / 2, f"{qv[a]:.2f}", color="yellow", ha="center", va="center", fontsize=8)
+        ax.set_title(f"level {level}: Q per region", fontsize=9)
+        ax.set_xlim(0, W)
+        ax.set_ylim(H, 0)
+        ax.axis("off")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90, bbox_inches="tight")

@@ -19,11 +19,12 @@ def _model(**kw) -> RAM:
 @pytest.mark.parametrize("k,T", [(1, 6), (3, 4), (2, 1)])
 def test_episode_shapes(core, k, T):
     m = _model(core=core, num_scales=k, num_glimpses=T)
-    ep = m.episode(torch.rand(5, 1, 28, 28), record=True)
+    ep = m.episode(torch.rand(5, 1, 28, 28))
     assert ep.logits.shape == (5, 10)
     assert ep.log_pi.shape == (5, T - 1) and ep.baseline.shape == (5, T - 1)
     assert ep.locations.shape == (5, T, 2)
     assert ep.patches.shape == (5, T, k, 1, 8, 8)
+    assert ep.hidden.shape == (5, T, m.cfg.hidden_size)
     out = m(torch.rand(5, 1, 28, 28), torch.randint(0, 10, (5,)))
     out.loss.backward()
     assert torch.isfinite(out.loss)
@@ -55,7 +56,7 @@ def test_prepare_once_per_episode(monkeypatch):
 
 
 def test_policy_gradient_routing_switch():
-    x, y = torch.rand(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    x = torch.rand(8, 1, 28, 28)
     for to_core in (True, False):
         m = _model(policy_grad_to_core=to_core, num_glimpses=3)
         ep = m.episode(x)

@@ -1,0 +1,461 @@
+"""Speed benchmarks: ``rlattention bench [sensor|ram_throughput] --threads 2 [--quick]``.
+
+Every benchmark times the fast code and a simple reference *in the same run* (interleaved, so background load
+hits both alike) and reports a ratio next to the absolute times. Timing: :func:`time.perf_counter`, warm-up
+calls first, then the median of the repetitions. Each result records the machine (CPU, cores, torch version,
+threads, load average) and a time stamp, and is written to ``<out>/<name>.json`` and ``<out>/<name>.md``.
+
+``sensor``: one episode of 6 glimpses at fixed random locations in [-1, 1], batch 128, (a) 28x28 images, 8x8
+glimpses, 1 scale and (b) 100x100 images, 12x12 glimpses, 4 scales (factor 2). Fast: ``GlimpseSensor.prepare``
+once and 6 ``extract`` calls ("area" and "nearest" modes); reference: :func:`glimpse_public_reference` called 6
+times, which redoes everything per glimpse as public RAM code does. Target: >= 10x on 2 cores.
+
+``ram_throughput``: RAM with the default ``RAMConfig`` (6 glimpses of 8x8, 28x28 inputs, 10 classes), batch 128,
+Adam. (i) model only: forward + backward + optimiser step on one pre-made batch; (ii) engine: the real
+training loop (:func:`rlattention.engine.trainer.fit`), read from the ``train/images_per_s`` it logs; the
+engine overhead is ``1 - engine / model-only``; (iii) model only with the glimpses extracted by
+:func:`glimpse_public_reference` (locations clamped to [-1, 1], as public code does). Targets: >= 7,000
+images/s in the engine and an overhead <= 10%.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlattention.vision import GlimpseSensor
+from rlattention.vision.reference import glimpse_public_reference
+
+SENSOR_SPEEDUP_TARGET = 10.0
+RAM_IMAGES_PER_S_TARGET = 7000.0
+RAM_OVERHEAD_TARGET = 0.10
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """Where and with what a benchmark ran."""
+    uname = platform.uname()
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "processor": platform.processor(),
+        "uname": f"{uname.system} {uname.release} {uname.machine}",
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "torch_num_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if hasattr(os, "sched_getaffinity"):
+        info["cpus_available"] = len(os.sched_getaffinity(0))
+    if hasattr(os, "getloadavg"):
+        info["load_average_1min"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+def _timestamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeat: int, warmup: int) -> dict[str, float]:
+    """Median wall time in seconds of each function; the functions take turns, so load affects all alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _machine_line(r: dict) -> str:
+    m = r["machine"]
+    return (
+        f"{r['timestamp']}; {m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}, {m['threads']} threads, "
+        f"load average {m.get('load_average_1min', '?')}{', quick' if r['settings'].get('quick') else ''}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- sensor
+
+SENSOR_CASES = [
+    {"case": "a", "height": 28, "width": 28, "glimpse_size": 8, "num_scales": 1},
+    {"case": "b", "height": 100, "width": 100, "glimpse_size": 12, "num_scales": 4},
+]
+
+
+def bench_sensor(quick: bool = False, batch: int = 128, glimpses: int = 6, seed: int = 0) -> dict[str, Any]:
+    """Glimpse sensor per episode: prepare once + ``glimpses`` extracts vs the public-style reference."""
+    repeat, warmup = (5, 1) if quick else (21, 3)
+    scale_factor = 2
+    gen = torch.Generator().manual_seed(seed)
+    locations = torch.rand(glimpses, batch, 2, generator=gen) * 2 - 1  # the same for every case and method
+    cases = []
+    for case in SENSOR_CASES:
+        H, W, g, k = case["height"], case["width"], case["glimpse_size"], case["num_scales"]
+        images = torch.rand(batch, 1, H, W, generator=gen)
+        sensors = {mode: GlimpseSensor(g, k, scale_factor, mode) for mode in ("area", "nearest")}
+        prepared = {mode: s.prepare(images) for mode, s in sensors.items()}
+
+        def episode(sensor: GlimpseSensor, images: Tensor = images) -> None:
+            p = sensor.prepare(images)
+            for t in range(glimpses):
+                sensor.extract(p, locations[t])
+
+        def extracts(sensor: GlimpseSensor, p: Tensor) -> None:
+            for t in range(glimpses):
+                sensor.extract(p, locations[t])
+
+        def reference(images: Tensor = images, g: int = g, k: int = k) -> None:
+            for t in range(glimpses):
+                glimpse_public_reference(images, locations[t], g, k, scale_factor)
+
+        med = time_interleaved(
+            {
+                "area": lambda s=sensors["area"]: episode(s),
+                "nearest": lambda s=sensors["nearest"]: episode(s),
+                "reference": reference,
+                "extract_area": lambda s=sensors["area"], p=prepared["area"]: extracts(s, p),
+                "extract_nearest": lambda s=sensors["nearest"], p=prepared["nearest"]: extracts(s, p),
+                "prepare": lambda s=sensors["area"], x=images: s.prepare(x),
+            },
+            repeat,
+            warmup,
+        )
+        nearest_glimpse = sensors["nearest"](images, locations[0])
+        diff = (nearest_glimpse - glimpse_public_reference(images, locations[0], g, k, scale_factor)).abs().max()
+        speedup_area = med["reference"] / med["area"]
+        cases.append(
+            {
+                **case,
+                "scale_factor": scale_factor,
+                "channels": 1,
+                "fast_area_ms_per_episode": 1e3 * med["area"],
+                "fast_nearest_ms_per_episode": 1e3 * med["nearest"],
+                "reference_ms_per_episode": 1e3 * med["reference"],
+                "speedup_area": speedup_area,
+                "speedup_nearest": med["reference"] / med["nearest"],
+                "prepare_ms": 1e3 * med["prepare"],
+                "extract_area_ms_per_glimpse": 1e3 * med["extract_area"] / glimpses,
+                "extract_nearest_ms_per_glimpse": 1e3 * med["extract_nearest"] / glimpses,
+                "max_abs_diff_nearest_vs_reference": float(diff),
+                "meets_target": bool(speedup_area >= SENSOR_SPEEDUP_TARGET),
+            }
+        )
+    return {
+        "settings": {
+            "batch": batch,
+            "glimpses_per_episode": glimpses,
+            "locations": "fixed, uniform in [-1, 1]",
+            "repeat": repeat,
+            "warmup": warmup,
+            "statistic": "median",
+            "quick": quick,
+        },
+        "targets": {"speedup_min": SENSOR_SPEEDUP_TARGET},
+        "cases": cases,
+    }
+
+
+def sensor_markdown(r: dict) -> str:
+    s = r["settings"]
+    rows = [
+        [
+            f"({c['case']}) {c['height']}x{c['width']}, g={c['glimpse_size']}, k={c['num_scales']}",
+            c["fast_area_ms_per_episode"],
+            c["fast_nearest_ms_per_episode"],
+            c["reference_ms_per_episode"],
+            c["speedup_area"],
+            c["speedup_nearest"],
+            c["extract_area_ms_per_glimpse"],
+            c["prepare_ms"],
+            c["meets_target"],
+        ]
+        for c in r["cases"]
+    ]
+    headers = [
+        "case",
+        "area ms/episode",
+        "nearest ms/episode",
+        "public reference ms/episode",
+        "speed-up (area)",
+        "speed-up (nearest)",
+        "extract ms/glimpse (area)",
+        "prepare ms",
+        f">= {r['targets']['speedup_min']:g}x",
+    ]
+    return (
+        f"### sensor: one episode of {s['glimpses_per_episode']} glimpses, batch {s['batch']} "
+        f"(median of {s['repeat']})\n\n{_table(headers, rows)}\n\n{_machine_line(r)}\n"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- RAM
+
+
+class PublicReferenceSensor(GlimpseSensor):
+    """The glimpse sensor replaced by :func:`glimpse_public_reference`: nothing prepared, locations clamped."""
+
+    def prepare(self, images: Tensor) -> Tensor:
+        return images
+
+    def extract(self, prepared: Tensor, locations: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        loc = locations.clamp(-1.0, 1.0)
+        return glimpse_public_reference(prepared, loc, self.size, self.num_scales, self.scale_factor).to(dtype)
+
+
+def _build_ram(public_reference: bool = False, seed: int = 0):
+    from rlattention.engine.method import DataInfo
+    from rlattention.methods.ram import RAM, RAMConfig
+
+    torch.manual_seed(seed)
+    cfg = RAMConfig()
+    model = RAM(cfg, DataInfo((1, 28, 28), 10))
+    if public_reference:
+        model.sensor = PublicReferenceSensor(cfg.glimpse_size, cfg.num_scales, cfg.scale_factor, cfg.glimpse_mode)
+    model.train()
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def _train_steps(model, optimizer, images: Tensor, targets: Tensor, steps: int) -> None:
+    for _ in range(steps):
+        out = model(images, targets)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        optimizer.step()
+
+
+def mnist_dir() -> Path | None:
+    """``$RLATTENTION_DATA/mnist`` when set, else ``../shared/data/mnist`` beside the repository; None if absent."""
+    env = os.environ.get("RLATTENTION_DATA")
+    root = Path(env).expanduser() if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    path = root / "mnist"
+    return path if path.is_dir() else None
+
+
+def engine_images_per_s(
+    threads: int, max_steps: int, log_every: int, batch: int, workdir: Path
+) -> tuple[list[float], str]:
+    """Run :func:`fit` and return the logged ``train/images_per_s`` windows and the dataset used."""
+    from rlattention.engine.config import build_config
+    from rlattention.engine.trainer import fit
+
+    path = mnist_dir()
+    data = {"name": "mnist"} if path else {"name": "digits", "canvas_size": 28, "num_train": 20000}
+    cfg = build_config(
+        {
+            "method": "ram",
+            "data": data,
+            "optim": {"name": "adam", "lr": 1e-3},
+            "trainer": {
+                "epochs": 1000,  # max_steps decides
+                "max_steps": max_steps,
+                "batch_size": batch,
+                "accelerator": "cpu",
+                "num_threads": threads,
+                "log_every": log_every,
+                "val_every": 1_000_000,  # only the validation at the end
+                "progress": False,
+                "out_dir": str(workdir),
+                "run_name": "ram_throughput",
+            },
+            "eval": {"viz_images": 0},
+        },
+        source="bench ram_throughput",
+    )
+    quiet = [logging.getLogger(n) for n in ("lightning.fabric", "lightning_fabric", "lightning")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.WARNING)
+    try:
+        report = fit(cfg, data_dir=str(path) if path else None)
+    finally:
+        for lg, level in zip(quiet, levels, strict=True):
+            lg.setLevel(level)
+    windows = []
+    with open(Path(report["run_dir"]) / "logs" / "metrics.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            value = row.get("train/images_per_s", "")
+            if value not in ("", None):
+                windows.append(float(value))
+    return windows, data["name"]
+
+
+def bench_ram_throughput(
+    quick: bool = False, threads: int | None = None, engine_steps: int | None = None, log_every: int | None = None
+) -> dict[str, Any]:
+    """RAM training throughput: model only, model with public-style glimpses, and the real engine."""
+    threads = threads or torch.get_num_threads()
+    batch = 128
+    block, repeat, warmup = (5, 3, 1) if quick else (20, 9, 2)
+    engine_steps = engine_steps or (60 if quick else 300)
+    log_every = log_every or (10 if quick else 50)
+
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(batch, 1, 28, 28, generator=gen)
+    targets = torch.randint(0, 10, (batch,), generator=gen)
+    fast, fast_opt = _build_ram()
+    ref, ref_opt = _build_ram(public_reference=True)
+    med = time_interleaved(
+        {
+            "model": lambda: _train_steps(fast, fast_opt, images, targets, block),
+            "public_reference": lambda: _train_steps(ref, ref_opt, images, targets, block),
+        },
+        repeat,
+        warmup,
+    )
+    model_ips = batch * block / med["model"]
+    ref_ips = batch * block / med["public_reference"]
+
+    with tempfile.TemporaryDirectory(prefix="rlattention-bench-") as tmp:
+        windows, dataset = engine_images_per_s(threads, engine_steps, log_every, batch, Path(tmp))
+    used = windows[1:] if len(windows) > 1 else windows  # the first window holds the warm-up
+    engine_ips = statistics.median(used) if used else float("nan")
+    overhead = 1.0 - engine_ips / model_ips
+    return {
+        "settings": {
+            "model": "RAM, default RAMConfig (6 glimpses 8x8, 1 scale, area mode)",
+            "input": "1x28x28, 10 classes",
+            "batch": batch,
+            "optimizer": "adam, lr 1e-3",
+            "model_steps_per_timing": block,
+            "repeat": repeat,
+            "warmup": warmup,
+            "engine_dataset": dataset,
+            "engine_max_steps": engine_steps,
+            "engine_log_every": log_every,
+            "statistic": "median",
+            "quick": quick,
+        },
+        "targets": {"images_per_s_min": RAM_IMAGES_PER_S_TARGET, "engine_overhead_max": RAM_OVERHEAD_TARGET},
+        "model_only_images_per_s": model_ips,
+        "model_only_ms_per_step": 1e3 * med["model"] / block,
+        "public_reference_images_per_s": ref_ips,
+        "public_reference_ms_per_step": 1e3 * med["public_reference"] / block,
+        "speedup_vs_public_reference": model_ips / ref_ips,
+        "engine_images_per_s": engine_ips,
+        "engine_windows_images_per_s": windows,
+        "engine_windows_used": len(used),
+        "engine_overhead": overhead,
+        "meets_images_per_s_target": bool(engine_ips >= RAM_IMAGES_PER_S_TARGET),
+        "meets_overhead_target": bool(overhead <= RAM_OVERHEAD_TARGET),
+    }
+
+
+def ram_markdown(r: dict) -> str:
+    s, t = r["settings"], r["targets"]
+    rows = [
+        ["model only (fast sensor)", r["model_only_images_per_s"], r["model_only_ms_per_step"], ""],
+        [
+            "model only (public-style glimpses)",
+            r["public_reference_images_per_s"],
+            r["public_reference_ms_per_step"],
+            f"speed-up of the fast sensor {r['speedup_vs_public_reference']:.2f}x",
+        ],
+        [
+            f"engine (`fit`, {s['engine_dataset']}, {s['engine_max_steps']} steps)",
+            r["engine_images_per_s"],
+            1e3 * s["batch"] / r["engine_images_per_s"],
+            f"overhead {100 * r['engine_overhead']:.1f}% (target <= {100 * t['engine_overhead_max']:g}%)",
+        ],
+    ]
+    return (
+        f"### ram_throughput: RAM training step, batch {s['batch']}\n\n"
+        f"{_table(['loop', 'images/s', 'ms/step', 'note'], rows)}\n\n"
+        f"Engine target >= {t['images_per_s_min']:,.0f} images/s: "
+        f"{'met' if r['meets_images_per_s_target'] else 'not met'}; overhead target: "
+        f"{'met' if r['meets_overhead_target'] else 'not met'}.\n\n{_machine_line(r)}\n"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- entry point
+
+BENCHMARKS: dict[str, tuple[Callable[..., dict], Callable[[dict], str]]] = {
+    "sensor": (bench_sensor, sensor_markdown),
+    "ram_throughput": (bench_ram_throughput, ram_markdown),
+}
+
+
+def run_benchmarks(
+    which: list[str],
+    out: Path,
+    threads: int = 2,
+    quick: bool = False,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, dict]:
+    """Run the named benchmarks (all when ``which`` is empty) on ``threads`` torch threads.
+
+    Prints a markdown table per benchmark and writes ``out/<name>.json`` and ``out/<name>.md``. ``options``:
+    extra keyword arguments per benchmark (e.g. ``{"ram_throughput": {"engine_steps": 30}}``). Returns the
+    results by name.
+    """
+    names = list(which) or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    results = {}
+    try:
+        for name in names:
+            run, markdown = BENCHMARKS[name]
+            kwargs = dict((options or {}).get(name, {}))
+            if name == "ram_throughput":
+                kwargs.setdefault("threads", threads)
+            started = _timestamp()
+            body = run(quick=quick, **kwargs)
+            result = {"benchmark": name, "timestamp": started, "machine": machine_info(threads), **body}
+            result["finished"] = _timestamp()
+            md = markdown(result)
+            (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+            (out / f"{name}.md").write_text(md)
+            print(md, flush=True)
+            results[name] = result
+    finally:
+        torch.set_num_threads(previous)
+    return results

@@ -1,0 +1,80 @@
+"""Batched crops of axis-aligned boxes, resized to a fixed size: one ``grid_sample`` for all boxes.
+
+Boxes are ``(x0, y0, x1, y1)`` in the normalised coordinates of the glimpse sensor: [-1, 1] spans the image
+from the left (top) edge of the first pixel to the right (bottom) edge of the last, x scaled by the width,
+y by the height. Boxes may extend beyond the image (zero padding).
+
+- ``mode="area"``: each output cell is the exact mean of the image over the cell (integral image, see
+  :mod:`rlattention.vision.glimpse`); right for downsampling, e.g. the coarse levels of an image pyramid.
+- ``mode="bilinear"``: each output cell is the bilinear sample at the cell centre (RoIAlign with one sample
+  per bin); right for cropping feature maps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlattention.vision.glimpse import integral_image
+
+
+def _lattice(boxes: Tensor, h: int, w: int, centres: bool) -> tuple[Tensor, Tensor]:
+    """x ``(B, n, w')`` and y ``(B, n, h')`` sample coordinates: cell corners (w+1, h+1) or cell centres."""
+    tx = torch.arange(w + (0 if centres else 1), dtype=boxes.dtype, device=boxes.device)
+    ty = torch.arange(h + (0 if centres else 1), dtype=boxes.dtype, device=boxes.device)
+    if centres:
+        tx, ty = tx + 0.5, ty + 0.5
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    xs = x0[..., None] + (x1 - x0)[..., None] * (tx / w)
+    ys = y0[..., None] + (y1 - y0)[..., None] * (ty / h)
+    return xs, ys
+
+
+def _grid(xs: Tensor, ys: Tensor) -> Tensor:
+    B, n, nx = xs.shape
+    ny = ys.shape[-1]
+    grid = torch.stack((xs[:, :, None, :].expand(B, n, ny, nx), ys[:, :, :, None].expand(B, n, ny, nx)), -1)
+    return grid.reshape(B, n * ny, nx, 2)
+
+
+def crop_boxes(
+    images: Tensor, boxes: Tensor, size: tuple[int, int], mode: str = "area", integral: Tensor | None = None
+) -> Tensor:
+    """Crop ``n`` boxes per image and resize each to ``size = (h, w)``.
+
+    images: ``(B, C, H, W)``. boxes: ``(B, n, 4)`` (x0, y0, x1, y1) normalised, x1 > x0, y1 > y0.
+    integral: ``integral_image(images)`` if already computed (area mode), to share it across calls.
+    Returns ``(B, n, C, h, w)`` in the dtype of ``images``. Differentiable w.r.t. images and boxes.
+    """
+    if boxes.ndim != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != images.shape[0]:
+        raise ValueError(f"boxes must be (B, n, 4) with B={images.shape[0]}, got {tuple(boxes.shape)}")
+    B, C, H, W = images.shape
+    n = boxes.shape[1]
+    h, w = size
+    if mode == "area":
+        S = integral_image(images) if integral is None else integral
+        xs, ys = _lattice(boxes.to(S.dtype), h, w, centres=False)
+        out = F.grid_sample(S, _grid(xs, ys), mode="bilinear", padding_mode="border", align_corners=True)
+        sums = out.reshape(B, C, n, h + 1, w + 1).diff(dim=-1).diff(dim=-2)
+        cell_w = (boxes[..., 2] - boxes[..., 0]).to(S.dtype) * (W / (2.0 * w))  # (B, n) in pixels
+        cell_h = (boxes[..., 3] - boxes[..., 1]).to(S.dtype) * (H / (2.0 * h))
+        means = sums / (cell_w * cell_h)[:, None, :, None, None]
+        return means.transpose(1, 2).to(images.dtype)
+    if mode == "bilinear":
+        xs, ys = _lattice(boxes.to(images.dtype), h, w, centres=True)
+        out = F.grid_sample(images, _grid(xs, ys), mode="bilinear", padding_mode="zeros", align_corners=False)
+        return out.reshape(B, C, n, h, w).transpose(1, 2)
+    raise ValueError(f"crop mode must be 'area' or 'bilinear', got {mode!r}")
+
+
+def grid_boxes(boxes: Tensor, split: int) -> Tensor:
+    """Divide each box ``(..., 4)`` into ``split x split`` sub-boxes, row-major: ``(..., split**2, 4)``."""
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    t = torch.arange(split, dtype=boxes.dtype, device=boxes.device) / split
+    dx, dy = (x1 - x0)[..., None], (y1 - y0)[..., None]
+    left, top = x0[..., None] + dx * t, y0[..., None] + dy * t  # (..., split)
+    sub_x0 = left[..., None, :].expand(*left.shape[:-1], split, split)
+    sub_y0 = top[..., :, None].expand(*top.shape[:-1], split, split)
+    sub = torch.stack((sub_x0, sub_y0, sub_x0 + dx[..., None] / split, sub_y0 + dy[..., None] / split), dim=-1)
+    return sub.reshape(*boxes.shape[:-1], split * split, 4)

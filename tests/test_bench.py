@@ -1,0 +1,51 @@
+"""The benchmarks run, write their tables and report sane ratios (loose: CI machines are noisy)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlattention.bench import run_benchmarks
+
+
+def test_sensor_benchmark_writes_json_and_markdown(tmp_path):
+    results = run_benchmarks(["sensor"], tmp_path, threads=1, quick=True)
+    data = json.loads((tmp_path / "sensor.json").read_text())
+    assert data == json.loads(json.dumps(results["sensor"]))
+    assert (tmp_path / "sensor.md").read_text().startswith("### sensor")
+    assert data["benchmark"] == "sensor" and data["timestamp"]
+    for key in ("cpu", "cpu_count", "torch", "threads"):
+        assert key in data["machine"]
+    assert data["machine"]["threads"] == 1
+    assert [c["case"] for c in data["cases"]] == ["a", "b"]
+    for case in data["cases"]:
+        for key in (
+            "fast_area_ms_per_episode",
+            "fast_nearest_ms_per_episode",
+            "reference_ms_per_episode",
+            "speedup_nearest",
+            "extract_area_ms_per_glimpse",
+            "extract_nearest_ms_per_glimpse",
+        ):
+            assert case[key] > 0
+        assert case["speedup_area"] > 1
+        assert case["max_abs_diff_nearest_vs_reference"] < 1e-5  # nearest mode = public reference values
+
+
+def test_ram_throughput_benchmark_runs_the_engine(tmp_path):
+    options = {"ram_throughput": {"engine_steps": 30, "log_every": 5}}
+    run_benchmarks(["ram_throughput"], tmp_path, threads=1, quick=True, options=options)
+    data = json.loads((tmp_path / "ram_throughput.json").read_text())
+    assert data["settings"]["engine_max_steps"] == 30
+    assert len(data["engine_windows_images_per_s"]) == 6 and data["engine_windows_used"] == 5
+    for key in ("model_only_images_per_s", "public_reference_images_per_s", "engine_images_per_s"):
+        assert data[key] > 0
+    assert data["engine_overhead"] == 1 - data["engine_images_per_s"] / data["model_only_images_per_s"]
+    assert "speedup_vs_public_reference" in data
+    assert (tmp_path / "ram_throughput.md").is_file()
+
+
+def test_unknown_benchmark_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        run_benchmarks(["nope"], tmp_path)
