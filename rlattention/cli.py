@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=1000)
     e.add_argument("--accelerator", default="cpu")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    e.add_argument("--limit", type=int, default=0, help="evaluate only the first N images of the split")
+    e.add_argument("--attack", choices=["pgd"], help="evaluate on adversarial images (L-inf PGD)")
+    e.add_argument("--epsilon", type=float, default=0.1, help="PGD: radius of the L-inf ball (images in [0, 1])")
+    e.add_argument("--step-size", type=float, default=0.01, help="PGD: step size")
+    e.add_argument("--steps", type=int, default=20, help="PGD: number of steps")
 
     v = sub.add_parser("viz", help="write glimpse figures for a checkpoint")
     v.add_argument("checkpoint")
@@ -96,13 +101,26 @@ def _fit(args) -> int:
 def _eval(args) -> int:
     from rlattention.engine.trainer import evaluate_checkpoint
 
+    attack = None
+    if args.attack == "pgd":
+        attack = {"epsilon": args.epsilon, "step_size": args.step_size, "steps": args.steps}
     m = evaluate_checkpoint(
-        args.checkpoint, args.data_dir, args.split, args.mc_samples, args.seed, args.batch_size, args.accelerator
+        args.checkpoint,
+        args.data_dir,
+        args.split,
+        args.mc_samples,
+        args.seed,
+        args.batch_size,
+        args.accelerator,
+        attack=attack,
+        limit=args.limit,
     )
     if args.json:
         print(json.dumps(m))
     else:
         how = f"average of {args.mc_samples} sampled episodes" if args.mc_samples else "mean locations"
+        if attack:
+            how += f", PGD eps={args.epsilon} step={args.step_size} steps={args.steps}"
         print(
             f"{args.split}: error {m['error']:.2f}%  accuracy {100 * m['accuracy']:.2f}%  "
             f"({int(m['count'])} images, {how}, seed {args.seed})"

@@ -173,8 +173,29 @@ def build_config(raw: dict, overrides: dict | None = None, source: str = "config
     return obj  # type: ignore[return-value]
 
 
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_config_file(path: Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML config; ``base: other.yaml`` (relative to this file) is read first and overlaid."""
+    path = Path(path)
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: 'base' files form a cycle: {' -> '.join(str(p) for p in (*_seen, path))}")
+    raw = _read_yaml(path)
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: 'base' must be the path of another config file, got {base!r}")
+    return _deep_merge(read_config_file(path.parent / base, (*_seen, path.resolve())), raw)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> ExperimentConfig:
-    raw = _read_yaml(Path(path)) if path else {}
+    raw = read_config_file(Path(path)) if path else {}
     return build_config(raw, parse_overrides(overrides or []), source=str(path) if path else "defaults")
 
 

@@ -146,6 +146,44 @@ def evaluate(
     return model.metrics(torch.cat(scores), dataset.targets.cpu())
 
 
+def evaluate_under_attack(
+    fabric: Fabric,
+    model: AttentionMethod,
+    dataset: ArrayDataset,
+    batch_size: int,
+    epsilon: float,
+    step_size: float,
+    steps: int,
+    seed: int = 1234,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Metrics on PGD (L-inf) adversarial images: the attack follows the model's deterministic, differentiable
+    forward (:meth:`AttentionMethod.attack_logits`); the prediction is then the usual deterministic one."""
+    from rlattention.vision.adversarial import pgd_attack
+
+    model = _unwrap(model)
+    model.eval()
+    loader = BatchLoader(dataset, batch_size, shuffle=False, drop_last=False, device=fabric.device)
+    gen = torch.Generator(device=fabric.device).manual_seed(seed)
+    scores = []
+    for i, (images, targets) in enumerate(
+        tqdm(loader, desc="pgd", leave=False, disable=not progress or fabric.global_rank != 0)
+    ):
+        adv = pgd_attack(
+            lambda z, i=i: model.attack_logits(z, seed=seed + i),
+            images,
+            targets,
+            epsilon,
+            step_size,
+            steps,
+            generator=gen,
+        )
+        with torch.no_grad():
+            batch_gen = torch.Generator(device=fabric.device).manual_seed(seed + i)
+            scores.append(model.predict(adv, generator=batch_gen).float().cpu())
+    return model.metrics(torch.cat(scores), dataset.targets.cpu())
+
+
 def _resolve_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     return p / "checkpoints" / "last.ckpt" if p.is_dir() else p
@@ -367,10 +405,19 @@ def evaluate_checkpoint(
     seed: int = 1234,
     batch_size: int = 1000,
     accelerator: str = "cpu",
+    attack: dict | None = None,
+    limit: int = 0,
 ) -> dict[str, float]:
+    """Evaluate a checkpoint; ``attack={"epsilon", "step_size", "steps"}`` evaluates under PGD instead.
+    limit: evaluate only the first ``limit`` images (0: all)."""
     cfg, model, splits = load_for_eval(path, data_dir)
     if split not in ("test", "val", "train"):
         raise ValueError(f"split must be test, val or train, got {split!r}")
+    dataset = getattr(splits, split)
+    if limit > 0:
+        dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
     fabric = Fabric(accelerator=accelerator, devices=1, precision=cfg.trainer.precision)
     model = fabric.setup_module(model)
-    return evaluate(fabric, model, getattr(splits, split), batch_size, mc_samples, seed, progress=True)
+    if attack:
+        return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
+    return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)

@@ -1,0 +1,108 @@
+"""The unified model: every switch, the context weights, the entropy weighting, Q-learning, sequences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlattention.engine.method import DataInfo
+from rlattention.methods.unified import Unified, UnifiedConfig
+
+
+def _model(shape=(1, 28, 28), classes=10, **kw) -> Unified:
+    torch.manual_seed(0)
+    return Unified(UnifiedConfig(**kw), DataInfo(shape, classes))
+
+
+SWITCHES = [
+    dict(),
+    dict(entropy=True),
+    dict(entropy=True, context=True),
+    dict(top_down=True),
+    dict(top_down=True, entropy=True, context=True, glimpse_net="conv", num_scales=2, glimpse_size=12),
+    dict(top_down=True, exploration="softmax", pyramid_levels=3),
+]
+
+
+@pytest.mark.parametrize("kw", SWITCHES)
+def test_every_switch_trains_and_predicts(kw):
+    shape = (1, 60, 60)
+    m = _model(shape, **kw)
+    x, y = torch.rand(6, *shape), torch.randint(0, 10, (6,))
+    out = m(x, y)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert ("context" in out.terms) == kw.get("context", False)
+    assert ("q" in out.terms) == kw.get("top_down", False)
+    m.eval()
+    p1 = m.predict(x, generator=torch.Generator().manual_seed(0))
+    p2 = m.predict(x, generator=torch.Generator().manual_seed(0))
+    assert p1.shape == (6, 10) and torch.equal(p1, p2)
+
+
+def test_context_weights_sum_to_one():
+    m = _model(context=True, num_glimpses=6)
+    ep = m.episode(torch.rand(5, 1, 28, 28))
+    w = m.context_weights(ep.hidden, torch.randint(0, 10, (5, 1)))
+    assert w.shape == (5, 1, 6)
+    torch.testing.assert_close(w.sum(-1), torch.ones(5, 1))
+    assert (w >= 0).all()
+
+
+def test_entropy_weights_the_reinforce_term(monkeypatch):
+    """With entropy on, the policy gradient of action t is scaled by entropy(x_{t+1}) + lambda."""
+    import rlattention.methods.unified as U
+
+    seen = {}
+    real = U.reinforce_loss
+
+    def spy(log_pi, returns, baseline=None, weights=None, mask=None):
+        seen["weights"] = weights
+        return real(log_pi, returns, baseline, weights, mask)
+
+    monkeypatch.setattr(U, "reinforce_loss", spy)
+    m = _model(entropy=True, entropy_lambda=0.5, num_glimpses=4)
+    x = torch.zeros(3, 1, 28, 28)  # blank images: every patch has entropy 0
+    m(x, torch.zeros(3, dtype=torch.long))
+    torch.testing.assert_close(seen["weights"], torch.full((3, 3), 0.5))
+    m = _model(entropy=False, num_glimpses=4)
+    m(x, torch.zeros(3, dtype=torch.long))
+    assert seen["weights"] is None
+
+
+def test_q_target_frozen_between_syncs():
+    m = _model((1, 28, 28), top_down=True, target_sync_every=3)
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    target_before = {k: v.clone() for k, v in m.q_target.state_dict().items()}
+    with torch.no_grad():
+        for p in m.q_net.parameters():
+            p.add_(0.1)
+    m(x, y)
+    m(x, y)  # two updates: no sync yet
+    assert all(torch.equal(v, m.q_target.state_dict()[k]) for k, v in target_before.items())
+    m(x, y)  # third update synchronises
+    assert all(torch.equal(v, m.q_net.state_dict()[k.removeprefix("net.")]) for k, v in m.q_target.state_dict().items())
+
+
+def test_initial_location_lies_in_chosen_region():
+    m = _model((1, 40, 40), top_down=True, pyramid_levels=2)
+    x = torch.rand(8, 1, 40, 40)
+    td = m.top_down(x, greedy=False, generator=torch.Generator().manual_seed(0))
+    start = m._start_in(td.region, deterministic=False, generator=torch.Generator().manual_seed(1))
+    assert ((start >= td.region[:, :2]) & (start <= td.region[:, 2:])).all()
+    side = td.region[:, 2:] - td.region[:, :2]
+    torch.testing.assert_close(side, torch.full((8, 2), 0.5))  # 2 levels of a 2x2 split: a quarter side
+
+
+def test_sequences():
+    m = _model((1, 54, 54), classes=11, num_glimpses=18, glimpses_per_token=3, num_scales=2, glimpse_size=12, context=True)
+    y = torch.tensor([[3, 10, -1, -1, -1, -1], [1, 2, 3, 4, 5, 10]])
+    out = m(torch.rand(2, 1, 54, 54), y)
+    out.loss.backward()
+    m.eval()
+    p = m.predict(torch.rand(2, 1, 54, 54))
+    assert p.shape == (2, 6, 11)
+    perfect = torch.nn.functional.one_hot(y.clamp(min=0), 11).float()
+    assert m.metrics(perfect, y)["error"] == 0.0
+    with pytest.raises(ValueError, match="multiple"):
+        _model(num_glimpses=7, glimpses_per_token=3)

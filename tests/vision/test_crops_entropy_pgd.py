@@ -1,0 +1,85 @@
+"""Box crops against a slow reference, patch entropy, and the PGD attack."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlattention.vision.adversarial import pgd_attack
+from rlattention.vision.crops import crop_boxes, grid_boxes
+from rlattention.vision.entropy import binary_patch_entropy
+
+
+def _crop_reference(images, box_px, size):
+    """Per image: slice an integer pixel box (zero padded), area-resize by average pooling."""
+    out = []
+    for b in range(images.shape[0]):
+        x0, y0, x1, y1 = box_px[b]
+        pad = 64
+        p = F.pad(images[b], (pad, pad, pad, pad))[:, y0 + pad : y1 + pad, x0 + pad : x1 + pad]
+        out.append(F.adaptive_avg_pool2d(p[None], size)[0])
+    return torch.stack(out)
+
+
+def test_area_crop_matches_reference_on_aligned_boxes():
+    torch.manual_seed(0)
+    H, W = 24, 36
+    x = torch.rand(6, 2, H, W, dtype=torch.float64)
+    boxes_px, boxes = [], []
+    for _ in range(6):
+        x0, y0 = int(torch.randint(-6, W - 4, ())), int(torch.randint(-6, H - 4, ()))
+        w, h = 4 * int(torch.randint(1, 4, ())), 3 * int(torch.randint(1, 4, ()))
+        boxes_px.append((x0, y0, x0 + w, y0 + h))
+        boxes.append([2 * x0 / W - 1, 2 * y0 / H - 1, 2 * (x0 + w) / W - 1, 2 * (y0 + h) / H - 1])
+    out = crop_boxes(x, torch.tensor(boxes, dtype=torch.float64)[:, None], (3, 4))
+    ref = torch.stack([_crop_reference(x[i : i + 1], [boxes_px[i]], (3, 4))[0] for i in range(6)])
+    torch.testing.assert_close(out[:, 0], ref, atol=1e-9, rtol=0)
+
+
+def test_bilinear_crop_of_whole_image_is_identity_and_many_boxes_in_one_call():
+    x = torch.rand(2, 3, 8, 10)
+    whole = torch.tensor([-1.0, -1.0, 1.0, 1.0]).expand(2, 5, 4)
+    out = crop_boxes(x, whole, (8, 10), mode="bilinear")
+    assert out.shape == (2, 5, 3, 8, 10)
+    torch.testing.assert_close(out[:, 3], x, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="boxes"):
+        crop_boxes(x, torch.zeros(2, 4), (2, 2))
+
+
+def test_grid_boxes_tile_the_box():
+    sub = grid_boxes(torch.tensor([[-1.0, -1.0, 1.0, 1.0]]), 2)
+    assert sub.shape == (1, 4, 4)
+    assert torch.equal(sub[0, 0], torch.tensor([-1.0, -1.0, 0.0, 0.0]))
+    assert torch.equal(sub[0, 3], torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    areas = ((sub[..., 2] - sub[..., 0]) * (sub[..., 3] - sub[..., 1])).sum()
+    assert areas.item() == pytest.approx(4.0)
+
+
+def test_binary_patch_entropy():
+    black, white = torch.zeros(1, 1, 8, 8), torch.ones(1, 1, 8, 8)
+    half = torch.cat([torch.zeros(1, 1, 8, 4), torch.ones(1, 1, 8, 4)], -1)
+    quarter = torch.zeros(1, 1, 8, 8)
+    quarter[..., :4, :4] = 1
+    assert binary_patch_entropy(black).item() == 0.0
+    assert binary_patch_entropy(white).item() == 0.0
+    assert binary_patch_entropy(half).item() == pytest.approx(1.0)
+    h = -(0.25 * math.log2(0.25) + 0.75 * math.log2(0.75))
+    assert binary_patch_entropy(quarter).item() == pytest.approx(h)
+
+
+def test_pgd_stays_in_ball_and_raises_the_loss():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 3)
+    x = torch.rand(32, 1, 4, 4)
+    y = lin(x.flatten(1)).argmax(-1)  # the model is right on the clean images
+
+    def logits(z):
+        return lin(z.flatten(1))
+
+    adv = pgd_attack(logits, x, y, epsilon=0.1, step_size=0.02, steps=10, generator=torch.Generator().manual_seed(1))
+    assert (adv - x).abs().max() <= 0.1 + 1e-6 and adv.min() >= 0 and adv.max() <= 1
+    assert F.cross_entropy(logits(adv), y) > F.cross_entropy(logits(x), y)
+    assert torch.equal(pgd_attack(logits, x, y, 0.0, 0.01, 3, random_start=False), x)
