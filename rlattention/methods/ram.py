@@ -57,7 +57,7 @@ class RAMConfig:
     std: float = 0.17  # sigma of the location policy, in units of half the image side
     std_final: float | None = None  # anneal sigma linearly to this over training (None: fixed)
     init_location: str = "random"  # L_0: random (uniform in [-1, 1]^2) | center
-    policy_grad_to_core: bool = True  # does the REINFORCE gradient reach the core and glimpse networks?
+    policy_grad_to_core: bool = False  # does the REINFORCE gradient reach the core and glimpse networks? (paper: yes)
     reinforce_weight: float = 1.0  # weight of the REINFORCE term in the hybrid loss
     baseline_weight: float = 1.0  # weight of the baseline regression
     gamma: float = 1.0  # discount of the terminal reward (1: every action gets R)
