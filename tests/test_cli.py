@@ -103,3 +103,16 @@ def test_bad_arguments_exit_nonzero(argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code != 0
+
+
+def test_eval_under_pgd_attack(tmp_path, capsys):
+    assert _fit(tmp_path, "pgd", "trainer.epochs=1", "eval.viz_images=0") == 0
+    ckpt = str(tmp_path / "pgd" / "checkpoints" / "best.ckpt")
+    capsys.readouterr()
+    assert main(["eval", ckpt, "--json", "--limit", "40"]) == 0
+    clean = json.loads(capsys.readouterr().out)
+    args = ["eval", ckpt, "--json", "--limit", "40", "--attack", "pgd", "--epsilon", "0.2", "--steps", "3"]
+    assert main([*args, "--step-size", "0.1"]) == 0
+    attacked = json.loads(capsys.readouterr().out)
+    assert attacked["count"] == clean["count"] == 40
+    assert attacked["accuracy"] <= clean["accuracy"] + 1e-9

@@ -16,8 +16,12 @@ class DataConfig:
     seed: seed of the train/validation split and of every generator.
     num_train / num_test: generated datasets: how many images; real datasets: use only the first
         ``num_*`` images when > 0 (smoke runs), all when 0.
-    canvas_size: side of the generated canvas in pixels (``digits``, ``cluttered_mnist``).
+    canvas_size: side of the generated canvas in pixels (``digits``, ``cluttered_mnist``, ``mnist_sequences``).
     num_clutter / clutter_size: clutter fragments per canvas and their side (``cluttered_mnist``).
+    max_digits: longest digit sequence (``mnist_sequences``, ``svhn_sequences``); targets have
+        ``max_digits + 1`` positions (digits, end token 10, padding -1); longer SVHN numbers are dropped.
+    svhn_extra: also train on the SVHN ``extra`` split (``svhn_cropped``: ``extra_32x32.mat``;
+        ``svhn_sequences``: ``extra/digitStruct.mat``); validation stays drawn from ``train`` only.
     """
 
     name: str = "digits"
@@ -29,3 +33,5 @@ class DataConfig:
     canvas_size: int = 0
     num_clutter: int = 4
     clutter_size: int = 8
+    max_digits: int = 5
+    svhn_extra: bool = False

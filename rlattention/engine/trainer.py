@@ -324,7 +324,8 @@ def fit(
             progress.epoch += 1
             progress.epoch_step = 0
         progress.wall_time = time.perf_counter() - t_start
-        if epoch_finished and (progress.epoch % tc.val_every == 0 or done or progress.epoch == tc.epochs):
+        periodic = epoch_finished and (progress.epoch % tc.val_every == 0 or progress.epoch == tc.epochs)
+        if periodic or done:  # also when max_steps ends training inside an epoch
             val_metrics = evaluate(fabric, model, splits.val, tc.eval_batch_size, 0, cfg.eval.seed)
             fabric.log_dict({f"val/{k}": v for k, v in val_metrics.items()}, step=progress.step)
             value = val_metrics[metric_name]

@@ -64,9 +64,7 @@ def test_digit_kept_intact_under_clutter() -> None:
     out, _ = make_cluttered(images, labels, canvas=40, num_clutter=6, clutter_size=8, seed=2)
     covers = (windows(out) >= images).flatten(2).all(-1)  # max-combination: every ink pixel survives
     assert bool(covers.any(1).all())
-    assert bool(
-        (out.flatten(1).sum(1, dtype=torch.int64) > images.flatten(1).sum(1, dtype=torch.int64)).all()
-    )
+    assert bool((out.flatten(1).sum(1, dtype=torch.int64) > images.flatten(1).sum(1, dtype=torch.int64)).all())
 
 
 def test_clutter_comes_from_other_digits() -> None:

@@ -82,16 +82,12 @@ def test_real_test_split(real_test: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert torch.bincount(labels, minlength=10).tolist() == TEST_COUNTS
 
 
-def test_parent_folder_with_mnist_subfolder(
-    mnist_dir: Path, real_test: tuple[torch.Tensor, torch.Tensor]
-) -> None:
+def test_parent_folder_with_mnist_subfolder(mnist_dir: Path, real_test: tuple[torch.Tensor, torch.Tensor]) -> None:
     images, labels = load_mnist(mnist_dir.parent, "test")
     assert torch.equal(images, real_test[0]) and torch.equal(labels, real_test[1])
 
 
-def test_uncompressed_copies(
-    mnist_dir: Path, tmp_path: Path, real_test: tuple[torch.Tensor, torch.Tensor]
-) -> None:
+def test_uncompressed_copies(mnist_dir: Path, tmp_path: Path, real_test: tuple[torch.Tensor, torch.Tensor]) -> None:
     for name in MNIST_FILES["test"]:
         (tmp_path / name).write_bytes(gzip.decompress((mnist_dir / f"{name}.gz").read_bytes()))
     images, labels = load_mnist(tmp_path, "test")
@@ -177,9 +173,7 @@ def test_labels_out_of_range_and_wrong_image_size(tiny_mnist: Path) -> None:
     with pytest.raises(IdxFormatError, match=r"labels must be in 0\.\.9, found 10") as err:
         load_mnist(tiny_mnist, "test")
     assert str(labels) in str(err.value)
-    images = write(
-        tiny_mnist / "train-images-idx3-ubyte", idx_bytes(np.zeros((20, 27, 28), np.uint8)), gz=True
-    )
+    images = write(tiny_mnist / "train-images-idx3-ubyte", idx_bytes(np.zeros((20, 27, 28), np.uint8)), gz=True)
     with pytest.raises(IdxFormatError, match="expected 28x28 images, found 27x28") as err:
         load_mnist(tiny_mnist, "train")
     assert str(images) in str(err.value)
@@ -217,9 +211,7 @@ def test_train_val_split_mnist_sizes() -> None:
     train, val = train_val_split(60000, 6000, seed=0)
     assert train.shape == (54000,) and val.shape == (6000,)
     assert train.dtype == val.dtype == torch.int64
-    assert torch.equal(
-        torch.sort(torch.cat([train, val])).values, torch.arange(60000)
-    )  # disjoint and covering
+    assert torch.equal(torch.sort(torch.cat([train, val])).values, torch.arange(60000))  # disjoint and covering
     assert bool((train[1:] > train[:-1]).all()) and bool((val[1:] > val[:-1]).all())  # sorted
     again_train, again_val = train_val_split(60000, 6000, seed=0)
     assert torch.equal(train, again_train) and torch.equal(val, again_val)
@@ -260,9 +252,7 @@ def test_build_cluttered_mnist(mnist_dir: Path) -> None:
     assert torch.equal(splits.test.targets, plain.test.targets)
     again = build_cluttered_mnist(cfg, mnist_dir)
     assert torch.equal(splits.train.images, again.train.images)
-    big = build_cluttered_mnist(
-        DataConfig(num_train=8, num_test=8, canvas_size=100, num_clutter=10), mnist_dir
-    )
+    big = build_cluttered_mnist(DataConfig(num_train=8, num_test=8, canvas_size=100, num_clutter=10), mnist_dir)
     assert big.image_shape == (1, 100, 100)
 
 

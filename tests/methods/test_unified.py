@@ -95,7 +95,9 @@ def test_initial_location_lies_in_chosen_region():
 
 
 def test_sequences():
-    m = _model((1, 54, 54), classes=11, num_glimpses=18, glimpses_per_token=3, num_scales=2, glimpse_size=12, context=True)
+    m = _model(
+        (1, 54, 54), classes=11, num_glimpses=18, glimpses_per_token=3, num_scales=2, glimpse_size=12, context=True
+    )
     y = torch.tensor([[3, 10, -1, -1, -1, -1], [1, 2, 3, 4, 5, 10]])
     out = m(torch.rand(2, 1, 54, 54), y)
     out.loss.backward()
