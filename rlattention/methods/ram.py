@@ -156,15 +156,18 @@ class RAM(AttentionMethod):
         generator: torch.Generator | None = None,
         initial_location: Tensor | None = None,
         differentiable_locations: bool = False,
+        prepared: Tensor | None = None,
     ) -> Episode:
         """Run T glimpses. images ``(B, C, H, W)`` in [0, 1].
 
         initial_location: ``(B, 2)`` L_0 (default: :meth:`initial_location`).
         differentiable_locations: with ``deterministic``, let gradients flow through the mean locations
             (x -> H_t -> mu_t = L_t -> next patch), e.g. for gradient-based attacks. Never used in training.
+        prepared: ``self.sensor.prepare(images)`` if the caller already computed it.
         """
         B, T = images.shape[0], self.cfg.num_glimpses
-        prepared = self.sensor.prepare(images)  # once per episode: depends only on the image
+        if prepared is None:
+            prepared = self.sensor.prepare(images)  # once per episode: depends only on the image
         loc = self.initial_location(B, images, generator) if initial_location is None else initial_location
         state = self.core.initial_state(B, images)
         log_pis, baselines, locs, patches_seen, hidden = [], [], [loc], [], []

@@ -176,10 +176,12 @@ class Unified(RAM):
         boxes = grid_boxes(region, self.cfg.pyramid_split)
         return boxes, crop_boxes(images, boxes, (self.region_px, self.region_px), integral=S)
 
-    def top_down(self, images: Tensor, greedy: bool, generator: torch.Generator | None = None) -> TopDown:
+    def top_down(
+        self, images: Tensor, greedy: bool, generator: torch.Generator | None = None, integral: Tensor | None = None
+    ) -> TopDown:
         """Descend the pyramid, greedily (evaluation) or exploring (training)."""
         B = images.shape[0]
-        S = integral_image(images)
+        S = integral_image(images) if integral is None else integral
         region = images.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(B, 4)
         qs, actions, next_q_target, level_boxes = [], [], [], []
         for level in range(self.cfg.pyramid_levels):
@@ -219,10 +221,12 @@ class Unified(RAM):
 
     def run(self, images: Tensor, deterministic: bool, generator=None, differentiable_locations: bool = False):
         start, td = None, None
+        prepared = self.sensor.prepare(images)  # the integral image when multi-scale: shared with the pyramid
         if self.cfg.top_down:
-            td = self.top_down(images, greedy=deterministic, generator=generator)
+            S = prepared if self.cfg.num_scales > 1 else None
+            td = self.top_down(images, greedy=deterministic, generator=generator, integral=S)
             start = self._start_in(td.region, deterministic, generator)
-        ep = self.episode(images, deterministic, generator, start, differentiable_locations)
+        ep = self.episode(images, deterministic, generator, start, differentiable_locations, prepared)
         return ep, self._token_logits(ep.hidden), td
 
     def _targets(self, targets: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
-"""Decoding image files (JPEG, PNG, ...) into one in-memory uint8 tensor, resized to a fixed square.
+"""Parts shared by the photo dataset readers (VOC, COCO): decoding image files into one in-memory uint8
+tensor resized to a fixed square, and the held-out validation split of a labelled training set.
 
-Used by the VOC and COCO readers. Images are decoded with Pillow in a thread pool (decoding releases the
+Images are decoded with Pillow in a thread pool (decoding releases the
 GIL), converted to RGB and resized to ``size x size`` with Pillow's antialiased bilinear filter (the aspect
 ratio is not kept, as in the RARL paper's "resized to N x N"). JPEGs are decoded in Pillow's draft mode,
 i.e. already scaled down by 1/2, 1/4 or 1/8 in the DCT when that still leaves at least ``size`` pixels per
@@ -19,7 +20,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-__all__ = ["ImageDecodeError", "load_resized_images", "read_resized_image"]
+from rlattention.data.splits import train_val_split
+
+__all__ = ["ImageDecodeError", "holdout_split", "load_resized_images", "read_resized_image"]
 
 
 class ImageDecodeError(ValueError):
@@ -66,3 +69,27 @@ def load_resized_images(paths: Sequence[str | os.PathLike], size: int, workers: 
         for _ in pool.map(decode, enumerate(paths)):  # re-raises the first error, in order
             pass
     return out
+
+
+def holdout_split(n: int, val_size: int, seed: int, source: str) -> tuple[Tensor, Tensor]:
+    """``(train_idx, val_idx)`` of ``n`` labelled images (``source`` names them in errors).
+
+    ``val_size > 0``: ``val_size`` images, drawn with :func:`train_val_split` (seeded), are held out of
+    training: a proper validation split for model selection. ``val_size == 0``: training keeps all ``n``
+    images (as the papers do, e.g. VOC07 trains on all of ``trainval``) and the validation split is a seeded
+    10 % of them (at least one image), *overlapping* training: it only monitors training and must not be
+    used for model selection.
+    """
+    if n < 1:
+        raise ValueError(f"{source}: no images to split")
+    if val_size < 0 or val_size >= n:
+        raise ValueError(
+            f"val_size={val_size} must be in 0..{n - 1}: {source} has {n} images (set data.val_size, e.g. "
+            f"{max(1, n // 10)}, or 0 to train on all of them with an overlapping 10% monitoring split)"
+        )
+    if val_size > 0:
+        return train_val_split(n, val_size, seed)
+    _, val_idx = train_val_split(n, max(1, round(n / 10)) if n > 1 else 0, seed)
+    if n == 1:
+        val_idx = torch.zeros(1, dtype=torch.int64)
+    return torch.arange(n), val_idx
