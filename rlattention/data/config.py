@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,6 +22,9 @@ class DataConfig:
         ``max_digits + 1`` positions (digits, end token 10, padding -1); longer SVHN numbers are dropped.
     svhn_extra: also train on the SVHN ``extra`` split (``svhn_cropped``: ``extra_32x32.mat``;
         ``svhn_sequences``: ``extra/digitStruct.mat``); validation stays drawn from ``train`` only.
+    image_size: side of the square that photos are resized to (``voc2007``, ``coco``).
+    test_fraction: share of the images held out as test when a dataset has no test split (``coco`` subset).
+    digits_per_canvas / scale_range: how many distinct digits per canvas and their scale (``multilabel_digits``).
     """
 
     name: str = "digits"
@@ -34,4 +37,8 @@ class DataConfig:
     num_clutter: int = 4
     clutter_size: int = 8
     max_digits: int = 5
+    image_size: int = 224
+    test_fraction: float = 0.25
+    digits_per_canvas: list[int] = field(default_factory=lambda: [2, 4])
+    scale_range: list[float] = field(default_factory=lambda: [1.0, 2.0])
     svhn_extra: bool = False

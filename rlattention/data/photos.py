@@ -45,7 +45,7 @@ def read_resized_image(path: str | os.PathLike, size: int) -> np.ndarray:
         rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise ImageDecodeError(f"{path}: cannot decode the image ({type(err).__name__}: {err})") from err
-    return np.asarray(rgb, dtype=np.uint8)
+    return np.array(rgb, dtype=np.uint8)  # a writable copy
 
 
 def load_resized_images(paths: Sequence[str | os.PathLike], size: int, workers: int | None = None) -> Tensor:

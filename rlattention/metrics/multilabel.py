@@ -171,7 +171,8 @@ def precision_recall_f1(
         each image ... filter out the labels with probabilities lower than a pre-defined threshold (0.1)").
 
     With, per class ``i``, ``N_i^c`` correctly predicted images, ``N_i^p`` predicted images and ``N_i^g``
-    ground-truth images (ignored ``-1`` entries are left out of all three):
+    ground-truth images (ignored ``-1`` entries are left out of all three; the top-k choice itself is made
+    over all ``K`` scores, and an ignored label chosen there is simply not counted):
 
     * ``OP = sum N^c / sum N^p``, ``OR = sum N^c / sum N^g``, ``OF1 = 2 OP OR / (OP + OR)``;
     * ``CP = 1/C sum_i N_i^c / N_i^p``, ``CR = 1/C sum_i N_i^c / N_i^g``, ``CF1 = 2 CP CR / (CP + CR)``.
