@@ -86,16 +86,22 @@ def _fit(args) -> int:
         cfg = load_config(args.config, args.overrides)
     report = fit(cfg, data_dir=args.data_dir, resume=args.resume)
     split = cfg.eval.split
-    m = report[split]
-    how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean locations"
+    how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean actions"
     print(
-        f"\nfinal {split} accuracy {100 * m['accuracy']:.2f}% (error {m['error']:.2f}%, {how}) "
-        f"after {report['epochs']} epochs, {report['train_seconds']:.0f}s; best epoch {report['best_epoch']}"
+        f"\nfinal {split} {_format_metrics(report[split])} ({how}) after {report['epochs']} epochs, "
+        f"{report['train_seconds']:.0f}s; best epoch {report['best_epoch']}"
     )
     print(f"run folder: {report['run_dir']}")
     if report.get("figures"):
         print(f"glimpse figures: {Path(report['figures'][0]).parent}")
     return 0
+
+
+def _format_metrics(m: dict) -> str:
+    """``accuracy 97.90% (error 2.10%)`` for classification, ``mAP 61.2%, CF1 ...`` for multi-label."""
+    if "accuracy" in m:
+        return f"accuracy {100 * m['accuracy']:.2f}% (error {m['error']:.2f}%)"
+    return ", ".join(f"{k} {100 * v:.1f}%" for k, v in m.items() if k != "count")
 
 
 def _eval(args) -> int:
@@ -121,10 +127,7 @@ def _eval(args) -> int:
         how = f"average of {args.mc_samples} sampled episodes" if args.mc_samples else "mean locations"
         if attack:
             how += f", PGD eps={args.epsilon} step={args.step_size} steps={args.steps}"
-        print(
-            f"{args.split}: error {m['error']:.2f}%  accuracy {100 * m['accuracy']:.2f}%  "
-            f"({int(m['count'])} images, {how}, seed {args.seed})"
-        )
+        print(f"{args.split}: {_format_metrics(m)} ({int(m['count'])} images, {how}, seed {args.seed})")
     return 0
 
 

@@ -116,3 +116,11 @@ def test_eval_under_pgd_attack(tmp_path, capsys):
     attacked = json.loads(capsys.readouterr().out)
     assert attacked["count"] == clean["count"] == 40
     assert attacked["accuracy"] <= clean["accuracy"] + 1e-9
+
+
+def test_checkpoint_evaluation_uses_the_trained_schedule(tmp_path):
+    from rlattention.engine.trainer import load_for_eval
+
+    assert _fit(tmp_path, "sched", "trainer.epochs=2", "model.std=0.2", "model.std_final=0.1", "eval.viz_images=0") == 0
+    _, model, _ = load_for_eval(tmp_path / "sched" / "checkpoints" / "last.ckpt")
+    assert model.locator.std == pytest.approx(0.1)  # the end of training, not the initial 0.2

@@ -395,7 +395,16 @@ def load_for_eval(path: str | Path, data_dir: str | None = None, overrides: dict
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not fit the model of its config: {e}") from None
+    model.set_progress(_checkpoint_progress(ckpt, cfg, len(splits.train)))  # schedules (sigma, epsilon) as trained
     return cfg, model, splits
+
+
+def _checkpoint_progress(ckpt: dict, cfg: ExperimentConfig, num_train: int) -> float:
+    """Fraction of training done when ``ckpt`` was written (single-process step count)."""
+    step = int(ckpt.get("progress", {}).get("step", 0))
+    tc = cfg.trainer
+    total = tc.max_steps if tc.max_steps > 0 else tc.epochs * max(1, num_train // tc.batch_size)
+    return min(1.0, step / max(1, total))
 
 
 def evaluate_checkpoint(

@@ -4,7 +4,7 @@ from rlattention.rl.baselines import LearnedBaseline, baseline_loss, leave_one_o
 from rlattention.rl.policies import GaussianPolicy, gaussian_log_prob
 from rlattention.rl.reinforce import reinforce_loss
 from rlattention.rl.returns import discounted_returns, terminal_returns
-from rlattention.rl.rewards import classification_reward
+from rlattention.rl.rewards import classification_reward, topn_label_reward
 from rlattention.rl.schedules import LinearSchedule
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "leave_one_out_baseline",
     "reinforce_loss",
     "terminal_returns",
+    "topn_label_reward",
 ]

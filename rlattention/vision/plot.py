@@ -123,3 +123,33 @@ def plot_region_q(
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def plot_regions(image: Tensor, locations: Tensor, boxes: Tensor, path: Path, title: str = "") -> Path:
+    """The attended locations ``(T, 2)`` and their anchor regions ``(T, k, 4)`` (normalised) on the image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    H, W = image.shape[-2:]
+    T = locations.shape[0]
+    fig, ax = plt.subplots(figsize=(4.2, 4.4))
+    ax.imshow(_as_image(image), cmap="gray", vmin=0, vmax=1, extent=(0, W, H, 0))
+    colours = plt.cm.viridis(torch.linspace(0, 1, T).numpy())
+    px = locations_to_pixels(locations.detach().float().cpu(), H, W).numpy()
+    for t in range(T):
+        for box in boxes[t]:
+            left, top, w, h = _box_to_pixels(box.detach().cpu(), H, W)
+            ax.add_patch(Rectangle((left, top), w, h, fill=False, edgecolor=colours[t], lw=0.8, alpha=0.8))
+        ax.text(px[t, 0], px[t, 1], str(t + 1), color=colours[t], fontsize=9, ha="center", va="center")
+    ax.set_xlim(0, W)
+    ax.set_ylim(H, 0)
+    ax.set_title(title, fontsize=8)
+    ax.axis("off")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -1,0 +1,250 @@
+"""Recurrent attention RL for multi-label image recognition (RARL): Chen, Wang, Li, Lin et al., "Recurrent
+Attention Reinforcement Learning for Multi-label Image Recognition", AAAI 2018.
+
+A backbone maps the image to feature maps f_I once. At iteration t, k = |areas| x |ratios| anchor regions
+R_t centred at l_t are cropped from f_I with bilinear interpolation to a fixed size (eq. 1; one batched call);
+a fully connected layer maps each region's features, an LSTM shared over the regions takes them with
+h_{t-1} and gives h_tr (eq. 2), a classifier gives the scores a_tr of every region (eq. 3), and the location
+network draws l_{t+1} ~ N(f_loc(h_t), sigma^2) with h_t = mean_r h_tr (sigma = 0.11). R_0 is the whole image
+and only sets l_1. The T x k score vectors are fused by category-wise max pooling (eq. 4).
+
+Reward: r_T = |g ∩ p| / n (eq. 5, p the top-n labels), 0 before, gamma = 1, so every action gets R = r_T;
+REINFORCE with a learned baseline (eq. 8 with the variance reduction of RAM). Classification loss (eq. 9-10):
+||softmax(a) - y / ||y||_1||^2, or binary cross-entropy. Hybrid loss, end to end.
+
+Ablations of the paper are switches: ``policy=random`` (random locations, same anchors), one anchor
+(``anchor_areas`` and ``anchor_ratios`` of length 1), ``num_iterations``, ``recurrent=false`` (no LSTM:
+independent predictions), ``mode=global`` (the backbone with global pooling, no attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
+from rlattention.engine.registry import register_method
+from rlattention.metrics.multilabel import multilabel_metrics
+from rlattention.rl import GaussianPolicy, LearnedBaseline, baseline_loss, reinforce_loss, topn_label_reward
+from rlattention.vision.anchors import anchor_boxes, ten_view_boxes
+from rlattention.vision.backbones import SmallCNN, VGG16Features
+from rlattention.vision.crops import crop_boxes
+from rlattention.vision.transforms import random_crop_flip
+
+
+@dataclass
+class RARLConfig:
+    """The ``model:`` section for ``method: rarl``. Paper: VGG16, N = 512, areas 80^2/160^2/320^2, ratios
+    2:1, 1:1, 1:2, sigma 0.11, Adam 1e-5, batch 16, crop N - 64 with flips, ten-view testing."""
+
+    backbone: str = "small"  # small (a CPU-sized CNN, stride 8) | vgg16 (conv5_3, stride 16)
+    backbone_channels: list[int] = field(default_factory=lambda: [32, 64, 128])  # small only
+    backbone_weights: str | None = None  # vgg16: a local .safetensors / weights-only file
+    anchor_areas: list[float] = field(default_factory=lambda: [24.0**2, 48.0**2, 96.0**2])  # input pixels
+    anchor_ratios: list[float] = field(default_factory=lambda: [2.0, 1.0, 0.5])  # width : height
+    region_size: int = 4  # side of the fixed-size crop of each region on the feature map
+    region_dim: int = 256  # the fully connected map of each region
+    hidden_size: int = 256  # LSTM
+    num_iterations: int = 5  # T
+    std: float = 0.11
+    policy: str = "learned"  # learned | random (ablation: random locations)
+    recurrent: bool = True  # false: no LSTM, regions classified independently (ablation)
+    mode: str = "attention"  # attention | global (backbone + global pooling baseline)
+    cls_loss: str = "softmax_mse"  # softmax_mse (eq. 9-10) | bce
+    reinforce_weight: float = 1.0
+    baseline_weight: float = 1.0
+    policy_grad_to_core: bool = False  # does the REINFORCE gradient reach the LSTM and features?
+    crop_margin: int = 0  # training crops of (N - margin)^2 (paper: 64); 0 keeps the whole image
+    hflip: bool = False  # random horizontal flips in training (off for digits)
+    test_views: int = 1  # 1: the whole image | 10: ten-view (4 corners + centre of (N - margin)^2, mirrored)
+
+
+@register_method("rarl")
+class RARL(AttentionMethod):
+    Config = RARLConfig
+    selection_metric = ("mAP", "max")
+
+    def __init__(self, cfg: RARLConfig, info: DataInfo) -> None:
+        super().__init__()
+        for key, value, allowed in [
+            ("backbone", cfg.backbone, ("small", "vgg16")),
+            ("policy", cfg.policy, ("learned", "random")),
+            ("mode", cfg.mode, ("attention", "global")),
+            ("cls_loss", cfg.cls_loss, ("softmax_mse", "bce")),
+        ]:
+            if value not in allowed:
+                raise ValueError(f"model.{key} must be one of {allowed}, got {value!r}")
+        if cfg.test_views not in (1, 10):
+            raise ValueError(f"model.test_views must be 1 or 10, got {cfg.test_views}")
+        self.cfg = cfg
+        C, H, W = info.image_shape
+        if cfg.crop_margin < 0 or cfg.crop_margin >= min(H, W):
+            raise ValueError(f"model.crop_margin must be in [0, {min(H, W)}), got {cfg.crop_margin}")
+        self.input_size = min(H, W) - cfg.crop_margin  # side the model sees in training
+        if cfg.backbone == "vgg16":
+            self.backbone: nn.Module = VGG16Features(C)
+            if cfg.backbone_weights:
+                self.backbone.load_weights(cfg.backbone_weights)
+        else:
+            self.backbone = SmallCNN(C, cfg.backbone_channels)
+        D = self.backbone.out_features
+        num_classes = info.num_classes
+        if cfg.mode == "global":
+            self.head = nn.Linear(D, num_classes)
+            return
+        s = cfg.region_size
+        self.region_fc = nn.Linear(D * s * s, cfg.region_dim)
+        if cfg.recurrent:
+            self.core: nn.Module = nn.LSTMCell(cfg.region_dim, cfg.hidden_size)
+        else:
+            self.core = nn.Linear(cfg.region_dim, cfg.hidden_size)
+        self.classifier = nn.Linear(cfg.hidden_size, num_classes)
+        self.locator = GaussianPolicy(cfg.hidden_size, 2, cfg.std)
+        self.baseline = LearnedBaseline(cfg.hidden_size, init_value=0.5)
+
+    @classmethod
+    def from_config(cls, cfg: RARLConfig, info: DataInfo) -> RARL:
+        return cls(cfg, info)
+
+    @property
+    def num_regions(self) -> int:
+        return len(self.cfg.anchor_areas) * len(self.cfg.anchor_ratios)
+
+    # --------------------------------------------------------------------------------------------- model
+    def _regions(self, fmap: Tensor, boxes: Tensor, state):
+        """Features of ``boxes`` ``(B, k, 4)`` -> per-region hidden states h_tr ``(B, k, H)`` and the new state."""
+        B, k = boxes.shape[:2]
+        s = self.cfg.region_size
+        f = crop_boxes(fmap, boxes, (s, s), mode="bilinear")  # G(R_tr, f_I): (B, k, C, s, s), one call
+        z = F.relu(self.region_fc(f.flatten(2)))  # (B, k, d)
+        if not self.cfg.recurrent:
+            h = F.relu(self.core(z))
+            return h, None
+        if state is None:
+            h_tr, c_tr = self.core(z.flatten(0, 1))
+        else:  # the LSTM is shared over regions: every region starts from (h_{t-1}, c_{t-1})
+            h0, c0 = (x[:, None].expand(B, k, x.shape[-1]).reshape(B * k, -1) for x in state)
+            h_tr, c_tr = self.core(z.flatten(0, 1), (h0, c0))
+        h_tr, c_tr = h_tr.reshape(B, k, -1), c_tr.reshape(B, k, -1)
+        return h_tr, (h_tr.mean(1), c_tr.mean(1))
+
+    def episode(self, fmap: Tensor, input_hw: tuple[int, int], deterministic: bool, generator=None):
+        """Attention over a feature map ``(B, C, h, w)`` of an input of ``input_hw`` pixels.
+
+        Returns fused scores ``a`` ``(B, K)``, log pi ``(B, T)``, baselines ``(B, T)``, locations ``(B, T, 2)``.
+        """
+        cfg = self.cfg
+        B = fmap.shape[0]
+        whole = fmap.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(B, 1, 4)
+        h_r, state = self._regions(fmap, whole, None)  # R_0: the whole image
+        h = h_r.mean(1)
+        log_pis, baselines, locs, scores = [], [], [], []
+        for _t in range(cfg.num_iterations):
+            if cfg.policy == "random":
+                loc = torch.rand(B, 2, generator=generator, device=fmap.device, dtype=fmap.dtype) * 2 - 1
+            else:
+                act = self.locator(h if cfg.policy_grad_to_core else h.detach(), deterministic, generator)
+                log_pis.append(act.log_prob)  # log pi(l_t | h_{t-1}) of the l_t used below
+                baselines.append(self.baseline(h))
+                loc = act.action
+            locs.append(loc)
+            boxes = anchor_boxes(loc, cfg.anchor_areas, cfg.anchor_ratios, input_hw)  # R_t: (B, k, 4)
+            h_r, new_state = self._regions(fmap, boxes, state)
+            scores.append(self.classifier(h_r))  # a_tr: (B, k, K)
+            h = h_r.mean(1)  # h_t = mean_r h_tr
+            state = new_state
+        a = torch.cat(scores, 1).max(1).values  # category-wise max pooling over T x k regions
+        empty = fmap.new_zeros(B, 0)
+        return (
+            a,
+            torch.stack(log_pis, 1) if log_pis else empty,
+            torch.stack(baselines, 1) if baselines else empty,
+            torch.stack(locs, 1),
+        )
+
+    def _scores(self, images: Tensor, deterministic: bool, generator=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        fmap = self.backbone.feature_map(images)
+        if self.cfg.mode == "global":
+            a = self.head(fmap.mean(dim=(-2, -1)))
+            z = a.new_zeros(a.shape[0], 0)
+            return a, z, z, a.new_zeros(a.shape[0], 0, 2)
+        return self.episode(fmap, tuple(images.shape[-2:]), deterministic, generator)
+
+    def _probs(self, a: Tensor) -> Tensor:
+        return a.softmax(-1) if self.cfg.cls_loss == "softmax_mse" else a.sigmoid()
+
+    # ------------------------------------------------------------------------------------------ training
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        cfg = self.cfg
+        if cfg.crop_margin > 0 or cfg.hflip:
+            images = random_crop_flip(images, self.input_size, cfg.hflip)
+        a, log_pi, b, _ = self._scores(images, deterministic=False)
+        y = (targets > 0).float()  # -1 (VOC 'difficult' only) counts as absent in training
+        if cfg.cls_loss == "softmax_mse":
+            n = y.sum(-1, keepdim=True)
+            p_hat = y / n.clamp(min=1.0)  # y / ||y||_1
+            per_image = (a.softmax(-1) - p_hat).pow(2).sum(-1)  # eq. 9-10
+            cls = (per_image * (n[:, 0] > 0)).sum() / (n > 0).sum().clamp(min=1)
+        else:
+            valid = (targets >= 0).float()
+            cls = (F.binary_cross_entropy_with_logits(a, y, reduction="none") * valid).sum() / valid.sum().clamp(min=1)
+        loss, terms = cls, {"cls": cls}
+        R = topn_label_reward(a.detach(), y)  # r_T = |g ∩ top-n(p)| / n
+        stats = {"reward": R.mean()}
+        if log_pi.shape[1] > 0:
+            G = R[:, None].expand_as(log_pi)  # gamma = 1: every action gets r_T
+            l_rl = reinforce_loss(log_pi, G, b)
+            l_b = baseline_loss(b, G)
+            loss = loss + cfg.reinforce_weight * l_rl + cfg.baseline_weight * l_b
+            terms.update(reinforce=l_rl, baseline=l_b)
+        return StepOutput(loss, terms, stats)
+
+    # -------------------------------------------------------------------------------------------- testing
+    @torch.no_grad()
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        """Label probabilities ``(B, K)``: mean locations (or ``mc_samples`` sampled episodes), one view or the
+        average of ten views cropped from the feature maps of the full image (one backbone pass)."""
+        runs = max(1, mc_samples)
+        if self.cfg.test_views == 1:
+            return sum(self._probs(self._scores(images, mc_samples <= 0, generator)[0]) for _ in range(runs)) / runs
+        B = images.shape[0]
+        N = min(images.shape[-2:])
+        fmap = self.backbone.feature_map(images)  # once per image
+        h, w = fmap.shape[-2:]
+        crop = self.input_size
+        vh, vw = max(1, round(h * crop / N)), max(1, round(w * crop / N))
+        boxes = ten_view_boxes(N, crop, fmap.dtype).to(fmap.device)  # (5, 4)
+        views = [crop_boxes(f, boxes.expand(B, 5, 4), (vh, vw), mode="bilinear") for f in (fmap, fmap.flip(-1))]
+        views = torch.cat(views, 1).flatten(0, 1)  # (B * 10, C, vh, vw)
+        probs = 0.0
+        for _ in range(runs):
+            if self.cfg.mode == "global":
+                a = self.head(views.mean(dim=(-2, -1)))
+            else:
+                a = self.episode(views, (crop, crop), mc_samples <= 0, generator)[0]
+            probs = probs + self._probs(a).reshape(B, 10, -1).mean(1)
+        return probs / runs
+
+    def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
+        return multilabel_metrics(scores, targets)
+
+    @torch.no_grad()
+    def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
+        from rlattention.vision.plot import plot_regions
+
+        if self.cfg.mode == "global":
+            return []
+        a, _, _, locs = self._scores(images, deterministic=True, generator=generator)
+        probs = self._probs(a)
+        paths = []
+        for i in range(len(images)):
+            boxes = anchor_boxes(locs[i], self.cfg.anchor_areas, self.cfg.anchor_ratios, tuple(images.shape[-2:]))
+            truth = [int(c) for c in (targets[i] > 0).nonzero().flatten()]
+            top = probs[i].topk(max(1, len(truth))).indices.tolist()
+            title = f"labels {truth}, top-{len(top)} predicted {top}"
+            paths.append(plot_regions(images[i], locs[i], boxes, Path(out_dir) / f"regions_{i:03d}.png", title))
+        return paths
