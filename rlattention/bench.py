@@ -411,9 +411,150 @@ def ram_markdown(r: dict) -> str:
 
 # ----------------------------------------------------------------------------------------------- entry point
 
+# ------------------------------------------------------------------------------------ rarl: crops, inference
+
+
+def bench_anchor_crop(quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Cropping k = 9 anchor regions per image from feature maps to a fixed size: one batched ``crop_boxes``
+    call vs a Python loop over images and regions (:func:`crop_boxes_loop_reference`)."""
+    from rlattention.vision.anchors import anchor_boxes
+    from rlattention.vision.crops import crop_boxes
+    from rlattention.vision.reference import crop_boxes_loop_reference
+
+    g = torch.Generator().manual_seed(seed)
+    cases = [
+        {
+            "case": "VGG16 conv5_3 of 512x512, batch 16",
+            "batch": 16,
+            "channels": 512,
+            "side": 32,
+            "input": 512,
+            "areas": [80.0**2, 160.0**2, 320.0**2],
+            "out": 7,
+        },
+        {
+            "case": "small CNN on 64x64 digit canvases, batch 64",
+            "batch": 64,
+            "channels": 64,
+            "side": 8,
+            "input": 64,
+            "areas": [16.0**2, 32.0**2, 64.0**2],
+            "out": 4,
+        },
+    ]
+    rows = []
+    for c in cases:
+        fmap = torch.randn(c["batch"], c["channels"], c["side"], c["side"], generator=g)
+        centres = torch.rand(c["batch"], 2, generator=g) * 2 - 1
+        boxes = anchor_boxes(centres, c["areas"], [2.0, 1.0, 0.5], (c["input"], c["input"]))
+        size = (c["out"], c["out"])
+        fast = crop_boxes(fmap, boxes, size, mode="bilinear")
+        max_diff = float((fast - crop_boxes_loop_reference(fmap, boxes, size)).abs().max())
+        t = time_interleaved(
+            {
+                "batched": lambda fmap=fmap, boxes=boxes, size=size: crop_boxes(fmap, boxes, size, mode="bilinear"),
+                "loop": lambda fmap=fmap, boxes=boxes, size=size: crop_boxes_loop_reference(fmap, boxes, size),
+            },
+            repeat=5 if quick else 21,
+            warmup=1 if quick else 3,
+        )
+        rows.append(
+            {
+                **c,
+                "batched_ms": 1e3 * t["batched"],
+                "loop_ms": 1e3 * t["loop"],
+                "speedup": t["loop"] / t["batched"],
+                "max_abs_diff": max_diff,
+            }
+        )
+    return {
+        "settings": {"regions_per_image": 9, "quick": quick, "statistic": "median"},
+        "cases": rows,
+        "target_speedup": 20.0,
+    }
+
+
+def anchor_crop_markdown(r: dict) -> str:
+    rows = [
+        [c["case"], c["batched_ms"], c["loop_ms"], c["speedup"], c["max_abs_diff"], c["speedup"] >= 20]
+        for c in r["cases"]
+    ]
+    return (
+        "### anchor_crop: 9 anchor regions per image cropped from feature maps (median)\n\n"
+        + _table(["case", "batched ms", "per-region loop ms", "speed-up", "max abs diff", ">= 20x"], rows)
+        + f"\n\n{_machine_line(r)}\n"
+    )
+
+
+def bench_rarl_inference(quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """rarl inference time per image, single view vs ten views (one backbone pass per image either way)."""
+    from rlattention.engine.method import DataInfo
+    from rlattention.methods.rarl import RARL, RARLConfig
+
+    torch.manual_seed(seed)
+    cases = [
+        {
+            "case": "small CNN, 64x64 digits (configs/rarl_digits.yaml)",
+            "shape": (1, 64, 64),
+            "classes": 10,
+            "cfg": dict(
+                backbone_channels=[16, 32, 64],
+                anchor_areas=[256.0, 1024.0, 4096.0],
+                region_dim=128,
+                hidden_size=128,
+                crop_margin=8,
+            ),
+            "batch": 64,
+        },
+        {
+            "case": "VGG16, 512x512, paper sizes",
+            "shape": (3, 512, 512),
+            "classes": 20,
+            "cfg": dict(
+                backbone="vgg16",
+                anchor_areas=[6400.0, 25600.0, 102400.0],
+                region_size=7,
+                region_dim=1024,
+                hidden_size=512,
+                crop_margin=64,
+            ),
+            "batch": 1 if quick else 2,
+        },
+    ]
+    rows = []
+    for c in cases:
+        if quick and c["cfg"].get("backbone") == "vgg16":
+            continue
+        times = {}
+        for views in (1, 10):
+            model = RARL(RARLConfig(test_views=views, **c["cfg"]), DataInfo(c["shape"], c["classes"])).eval()
+            x = torch.rand(c["batch"], *c["shape"])
+            times[views] = (
+                time_interleaved({"p": lambda model=model, x=x: model.predict(x)}, repeat=2 if quick else 5, warmup=1)[
+                    "p"
+                ]
+                / c["batch"]
+            )
+        rows.append(
+            {"case": c["case"], "batch": c["batch"], "single_view_ms": 1e3 * times[1], "ten_view_ms": 1e3 * times[10]}
+        )
+    return {"settings": {"quick": quick, "statistic": "median per image", "T": 5, "regions": 9}, "cases": rows}
+
+
+def rarl_inference_markdown(r: dict) -> str:
+    rows = [[c["case"], c["batch"], c["single_view_ms"], c["ten_view_ms"]] for c in r["cases"]]
+    return (
+        "### rarl_inference: time per image, T = 5, 9 regions (median)\n\n"
+        + _table(["model", "batch", "single view ms/image", "ten views ms/image"], rows)
+        + f"\n\n{_machine_line(r)}\n"
+    )
+
+
 BENCHMARKS: dict[str, tuple[Callable[..., dict], Callable[[dict], str]]] = {
     "sensor": (bench_sensor, sensor_markdown),
     "ram_throughput": (bench_ram_throughput, ram_markdown),
+    "anchor_crop": (bench_anchor_crop, anchor_crop_markdown),
+    "rarl_inference": (bench_rarl_inference, rarl_inference_markdown),
 }
 
 

@@ -49,3 +49,13 @@ def test_ram_throughput_benchmark_runs_the_engine(tmp_path):
 def test_unknown_benchmark_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark"):
         run_benchmarks(["nope"], tmp_path)
+
+
+def test_anchor_crop_and_rarl_inference_benchmarks(tmp_path):
+    results = run_benchmarks(["anchor_crop", "rarl_inference"], tmp_path, threads=1, quick=True)
+    for case in results["anchor_crop"]["cases"]:
+        assert case["max_abs_diff"] < 1e-4  # the batched crop equals the per-region loop
+        assert case["batched_ms"] > 0 and case["loop_ms"] > 0
+    (row,) = results["rarl_inference"]["cases"]  # quick: the CPU-sized model only
+    assert row["single_view_ms"] > 0 and row["ten_view_ms"] > 0
+    assert (tmp_path / "anchor_crop.md").is_file() and (tmp_path / "rarl_inference.json").is_file()

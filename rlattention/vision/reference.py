@@ -67,3 +67,24 @@ def glimpse_public_reference(
             patches = torch.stack([padded[i, :, start[i, 1] : end[i, 1], start[i, 0] : end[i, 0]] for i in range(B)])
         scales.append(F.avg_pool2d(patches, n // size) if n > size else patches)
     return torch.stack(scales, 1)
+
+
+def crop_boxes_loop_reference(fmap: Tensor, boxes: Tensor, size: tuple[int, int]) -> Tensor:
+    """Bilinear crops one region at a time (a Python loop over images and regions, one ``grid_sample`` per
+    region): the per-region reference of :func:`rlattention.vision.crops.crop_boxes` (``mode="bilinear"``).
+
+    fmap ``(B, C, H, W)``, boxes ``(B, k, 4)`` normalised -> ``(B, k, C, h, w)``.
+    """
+    B, k = boxes.shape[:2]
+    h, w = size
+    out = []
+    for b in range(B):
+        regions = []
+        for r in range(k):
+            x0, y0, x1, y1 = boxes[b, r].tolist()
+            xs = torch.tensor([x0 + (x1 - x0) * (j + 0.5) / w for j in range(w)], dtype=fmap.dtype)
+            ys = torch.tensor([y0 + (y1 - y0) * (i + 0.5) / h for i in range(h)], dtype=fmap.dtype)
+            grid = torch.stack(torch.meshgrid(xs, ys, indexing="xy"), -1)[None]  # (1, h, w, 2)
+            regions.append(F.grid_sample(fmap[b : b + 1], grid, mode="bilinear", align_corners=False)[0])
+        out.append(torch.stack(regions))
+    return torch.stack(out)
