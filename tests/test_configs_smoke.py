@@ -12,8 +12,14 @@ from rlattention.cli import main
 from rlattention.engine.config import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
-NEEDS_MNIST = {"mnist", "cluttered_mnist", "mnist_sequences"}
-NOT_HERE = {"cifar10": "CIFAR-10", "svhn_sequences": "SVHN", "svhn_cropped": "SVHN"}
+DATA_FOLDER = {  # dataset -> its folder in the shared data
+    "mnist": "mnist",
+    "cluttered_mnist": "mnist",
+    "mnist_sequences": "mnist",
+    "multilabel_digits": "mnist",
+    "coco": "coco_train2017_subset128",
+}
+NOT_HERE = {"cifar10": "CIFAR-10", "svhn_sequences": "SVHN", "svhn_cropped": "SVHN", "voc2007": "Pascal VOC 2007"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -22,11 +28,11 @@ def test_config_smoke_fit(path, tmp_path, shared_data):
     if cfg.data.name in NOT_HERE:
         pytest.skip(f"{NOT_HERE[cfg.data.name]} is not in the shared data of this machine ({shared_data})")
     data_dir = []
-    if cfg.data.name in NEEDS_MNIST:
-        mnist = shared_data / "mnist"
-        if not mnist.exists():
-            pytest.skip(f"real MNIST not found at {mnist}")
-        data_dir = ["--data-dir", str(mnist)]
+    if cfg.data.name in DATA_FOLDER:
+        folder = shared_data / DATA_FOLDER[cfg.data.name]
+        if not folder.exists():
+            pytest.skip(f"{cfg.data.name} data not found at {folder}")
+        data_dir = ["--data-dir", str(folder)]
     argv = [
         "fit",
         "--config",
@@ -44,8 +50,10 @@ def test_config_smoke_fit(path, tmp_path, shared_data):
         "data.num_test=32",
         "eval.viz_images=1",
     ]
-    if cfg.data.name in ("digits", "mnist_sequences"):
+    if cfg.data.name in ("digits", "mnist_sequences", "multilabel_digits"):
         argv.append("data.val_size=32")
+    if cfg.data.name == "coco":
+        argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))] + ["data.val_size=8"]
     assert main(argv) == 0
     report = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert report["steps"] == 2 and report["test"]["count"] > 0

@@ -45,6 +45,8 @@ class AttentionMethod(nn.Module):
     Config: ClassVar[type] = object
     #: the validation metric used for model selection and whether larger is better
     selection_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
+    #: what targets look like: "classification" (N,) class ids | "multilabel" (N, K) in {1, 0, -1}
+    task: ClassVar[str] = "classification"
 
     @classmethod
     def from_config(cls, cfg: Any, info: DataInfo) -> AttentionMethod:

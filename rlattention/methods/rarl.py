@@ -67,6 +67,7 @@ class RARLConfig:
 class RARL(AttentionMethod):
     Config = RARLConfig
     selection_metric = ("mAP", "max")
+    task = "multilabel"
 
     def __init__(self, cfg: RARLConfig, info: DataInfo) -> None:
         super().__init__()

@@ -95,9 +95,17 @@ def test_std_anneals_with_progress():
 def test_every_registered_method_builds_and_steps(name):
     cls = get_method(name)
     m = cls.from_config(cls.Config(), DataInfo((1, 28, 28), 10))
-    out = m(torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,)))
+    if cls.task == "multilabel":
+        y = torch.zeros(4, 10)
+        y[:, 3] = 1
+    else:
+        y = torch.randint(0, 10, (4,))
+    out = m(torch.rand(4, 1, 28, 28), y)
     out.loss.backward()
-    assert m.predict(torch.rand(4, 1, 28, 28)).shape == (4, 10)
+    m.eval()
+    p = m.predict(torch.rand(4, 1, 28, 28))
+    assert p.shape == (4, 10)
+    assert set(m.metrics(p, y)) >= {m.selection_metric[0], "count"}
 
 
 def test_bad_model_config():
