@@ -124,3 +124,10 @@ def test_checkpoint_evaluation_uses_the_trained_schedule(tmp_path):
     assert _fit(tmp_path, "sched", "trainer.epochs=2", "model.std=0.2", "model.std_final=0.1", "eval.viz_images=0") == 0
     _, model, _ = load_for_eval(tmp_path / "sched" / "checkpoints" / "last.ckpt")
     assert model.locator.std == pytest.approx(0.1)  # the end of training, not the initial 0.2
+
+
+@pytest.mark.parametrize("method", ["ram", "unified"])
+def test_bf16_mixed_precision_on_cpu(tmp_path, method):
+    extra = ["model.top_down=true", "model.entropy=true", "model.context=true"] if method == "unified" else []
+    assert _fit(tmp_path, "bf16", f"method={method}", "trainer.epochs=1", "trainer.precision=bf16-mixed", *extra) == 0
+    assert (tmp_path / "bf16" / "checkpoints" / "best.ckpt").is_file()
