@@ -56,9 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="list or inspect datasets")
     d.add_argument("action", choices=["list", "info"])
-    d.add_argument("name", nargs="?")
     d.add_argument("--data-dir")
-    d.add_argument("overrides", nargs="*", help="data.* overrides, e.g. data.canvas_size=100")
+    d.add_argument("rest", nargs="*", metavar="NAME [data.key=value ...]", help="info: the dataset and overrides")
 
     b = sub.add_parser("bench", help="run speed benchmarks (ratios against in-repo references)")
     b.add_argument("which", nargs="*", default=[], help="benchmarks to run (default: all)")
@@ -158,11 +157,12 @@ def _data(args) -> int:
         for name in available_datasets():
             print(name)
         return 0
-    if not args.name:
+    if not args.rest:
         raise SystemExit("rlattention data info NAME: give a dataset name (see `rlattention data list`)")
-    cfg = load_config(None, [f"data.name={args.name}", *args.overrides])
+    name, overrides = args.rest[0], args.rest[1:]
+    cfg = load_config(None, [f"data.name={name}", *overrides])
     s = build_dataset(cfg.data.name, cfg.data, args.data_dir or cfg.data.data_dir)
-    print(f"{args.name}: {s.num_classes} classes, image shape {s.image_shape}")
+    print(f"{name}: {s.num_classes} classes, image shape {s.image_shape}")
     for split in ("train", "val", "test"):
         ds = getattr(s, split)
         print(f"  {split}: {len(ds)} images")
