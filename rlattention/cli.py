@@ -177,7 +177,14 @@ def _bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    # key=value overrides may follow options (argparse stops filling a positional list at the first option)
+    target = {"fit": "overrides", "data": "rest"}.get(args.command)
+    if unknown and (target is None or any(u.startswith("-") or "=" not in u for u in unknown)):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        setattr(args, target, [*getattr(args, target), *unknown])
     from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
     from rlattention.engine.checkpoint import CheckpointError
     from rlattention.engine.config import ConfigError
