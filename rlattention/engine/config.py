@@ -41,7 +41,7 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     epochs: int = 10
-    max_steps: int = 0  # stop after this many optimiser steps (0: no limit)
+    max_steps: int = 0  # > 0: train exactly this many optimiser steps (epochs is then ignored)
     batch_size: int = 128
     eval_batch_size: int = 1000
     accelerator: str = "cpu"  # cpu | cuda | gpu | auto

@@ -43,7 +43,13 @@ class Progress:
     step: int = 0  # optimiser steps done
     best_value: float | None = None
     best_epoch: int = -1
+    best_step: int = 0
+    total_steps: int = 0  # optimiser steps the run is planned for (the schedules' horizon)
     wall_time: float = 0.0  # seconds of training so far, across resumes
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.step / max(1, self.total_steps))
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -227,7 +233,14 @@ def fit(
         splits.train, tc.batch_size, True, tc.seed, fabric.global_rank, fabric.world_size, True, fabric.device
     )
     steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"trainer.batch_size={tc.batch_size} x {fabric.world_size} process(es) is larger than the training split "
+            f"({len(splits.train)} images): no full batch to train on"
+        )
+    # with trainer.max_steps > 0 the run lasts exactly that many steps (trainer.epochs is then ignored)
     total_steps = tc.max_steps if tc.max_steps > 0 else tc.epochs * steps_per_epoch
+    max_epochs = -(-total_steps // steps_per_epoch)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps, steps_per_epoch)
     model, optimizer = fabric.setup(model, optimizer)
     raw = _unwrap(model)
@@ -238,16 +251,27 @@ def fit(
         loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
         progress.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
         state["progress"] = progress
-        if "torch_rng" in rest:
+        if fabric.global_rank == 0 and "torch_rng" in rest:  # rank 0 continues its random streams exactly
             torch.set_rng_state(rest["torch_rng"])
+            if "cuda_rng" in rest and fabric.device.type == "cuda":
+                torch.cuda.set_rng_state(rest["cuda_rng"], fabric.device)
+        elif fabric.global_rank > 0:  # other ranks: fresh streams, distinct per rank and per resume point
+            fabric.seed_everything(tc.seed + fabric.global_rank + 7919 * progress.step, verbose=False)
     else:
         fabric.seed_everything(tc.seed + fabric.global_rank, verbose=False)  # rank-specific exploration noise
+    progress.total_steps = total_steps
 
     metric_name, mode = raw.selection_metric
     better = (lambda a, b: a > b) if mode == "max" else (lambda a, b: a < b)
     ckpt_dir = run_dir / "checkpoints"
 
+    last_loss: torch.Tensor | None = None
+
     def save(name: str) -> None:
+        if last_loss is not None and not torch.isfinite(last_loss):  # never write non-finite weights
+            raise TrainingDiverged(
+                f"non-finite loss before step {progress.step}; not saving {name}.ckpt, the previous one is kept"
+            )
         fabric.save(
             ckpt_dir / f"{name}.ckpt",
             {
@@ -257,6 +281,7 @@ def fit(
                 "progress": progress,
                 "config": to_dict(cfg),
                 "torch_rng": torch.get_rng_state(),
+                **({"cuda_rng": torch.cuda.get_rng_state(fabric.device)} if fabric.device.type == "cuda" else {}),
                 "data_info": {"image_shape": list(splits.image_shape), "num_classes": splits.num_classes},
             },
         )
@@ -265,7 +290,7 @@ def fit(
     done = progress.step >= total_steps
     t_start = time.perf_counter() - progress.wall_time
     val_metrics: dict[str, float] = {}
-    while not done and progress.epoch < tc.epochs:
+    while not done and progress.epoch < max_epochs:
         epoch = progress.epoch
         loader.set_epoch(epoch, progress.epoch_step)
         model.train()
@@ -274,17 +299,18 @@ def fit(
         bar = tqdm(
             total=steps_per_epoch,
             initial=progress.epoch_step,
-            desc=f"epoch {epoch + 1}/{tc.epochs}",
+            desc=f"epoch {epoch + 1}/{max_epochs}",
             disable=not tc.progress or fabric.global_rank != 0,
             dynamic_ncols=True,
             mininterval=0.5,
         )
         t_log = time.perf_counter()
         for images, targets in loader:
-            raw.set_progress(progress.step / max(1, total_steps))
+            raw.set_progress(progress.fraction)
             out = model(images, targets)
             if is_cpu and not torch.isfinite(out.loss):
                 _diverged(out, progress.step)
+            last_loss = out.loss.detach()
             optimizer.zero_grad(set_to_none=True)
             fabric.backward(out.loss)
             if cfg.optim.grad_clip > 0:
@@ -324,13 +350,13 @@ def fit(
             progress.epoch += 1
             progress.epoch_step = 0
         progress.wall_time = time.perf_counter() - t_start
-        periodic = epoch_finished and (progress.epoch % tc.val_every == 0 or progress.epoch == tc.epochs)
+        periodic = epoch_finished and (progress.epoch % tc.val_every == 0 or progress.epoch == max_epochs)
         if periodic or done:  # also when max_steps ends training inside an epoch
             val_metrics = evaluate(fabric, model, splits.val, tc.eval_batch_size, 0, cfg.eval.seed)
             fabric.log_dict({f"val/{k}": v for k, v in val_metrics.items()}, step=progress.step)
             value = val_metrics[metric_name]
             if progress.best_value is None or better(value, progress.best_value):
-                progress.best_value, progress.best_epoch = value, progress.epoch
+                progress.best_value, progress.best_epoch, progress.best_step = value, progress.epoch, progress.step
                 save("best")
             if fabric.global_rank == 0:
                 fabric.print(
@@ -343,6 +369,7 @@ def fit(
     best_path = ckpt_dir / "best.ckpt"
     if best_path.is_file():
         fabric.load(best_path, {"model": model}, strict=False)
+        raw.set_progress(min(1.0, progress.best_step / max(1, total_steps)))  # the schedules of that checkpoint
     test_split = splits.test if cfg.eval.split == "test" else splits.val
     test_metrics = evaluate(fabric, model, test_split, tc.eval_batch_size, cfg.eval.mc_samples, cfg.eval.seed)
     fabric.log_dict({f"{cfg.eval.split}/{k}": v for k, v in test_metrics.items()}, step=progress.step)
@@ -365,6 +392,7 @@ def fit(
             images, targets = BatchLoader(test_split, n, shuffle=False, device=fabric.device).to_device(
                 test_split.images[:n], test_split.targets[:n]
             )
+            raw.eval()
             try:
                 figures = [str(p) for p in raw.visualize(images, targets, run_dir / "figures", generator=gen)]
             except NotImplementedError:
@@ -401,9 +429,12 @@ def load_for_eval(path: str | Path, data_dir: str | None = None, overrides: dict
 
 def _checkpoint_progress(ckpt: dict, cfg: ExperimentConfig, num_train: int) -> float:
     """Fraction of training done when ``ckpt`` was written (single-process step count)."""
-    step = int(ckpt.get("progress", {}).get("step", 0))
-    tc = cfg.trainer
-    total = tc.max_steps if tc.max_steps > 0 else tc.epochs * max(1, num_train // tc.batch_size)
+    progress = ckpt.get("progress", {})
+    step = int(progress.get("step", 0))
+    total = int(progress.get("total_steps", 0))
+    if total <= 0:  # checkpoints written before total_steps was recorded: single-process estimate
+        tc = cfg.trainer
+        total = tc.max_steps if tc.max_steps > 0 else tc.epochs * max(1, num_train // tc.batch_size)
     return min(1.0, step / max(1, total))
 
 

@@ -32,9 +32,8 @@ from rlattention.rl import (
     GaussianPolicy,
     LearnedBaseline,
     LinearSchedule,
-    baseline_loss,
     classification_reward,
-    reinforce_loss,
+    policy_gradient_losses,
     terminal_returns,
 )
 from rlattention.vision import GlimpseSensor
@@ -123,6 +122,8 @@ class RAM(AttentionMethod):
         super().__init__()
         if cfg.num_glimpses < 1:
             raise ValueError(f"model.num_glimpses must be >= 1, got {cfg.num_glimpses}")
+        if cfg.std_final is not None and cfg.std_final <= 0:
+            raise ValueError(f"model.std_final must be > 0 (or null for a fixed sigma), got {cfg.std_final}")
         if cfg.init_location not in ("random", "center"):
             raise ValueError(f"model.init_location must be 'random' or 'center', got {cfg.init_location!r}")
         self.cfg = cfg
@@ -201,8 +202,7 @@ class RAM(AttentionMethod):
         nll = F.cross_entropy(ep.logits, targets)  # -log p(y | H_T)
         R = classification_reward(ep.logits.detach(), targets)  # R = 1[y_hat = y], (B,)
         G = terminal_returns(R, ep.log_pi.shape[1], cfg.gamma)  # (B, T-1), reward only at the end
-        l_rl = reinforce_loss(ep.log_pi, G, ep.baseline)  # advantage G - b_t, b_t detached
-        l_b = baseline_loss(ep.baseline, G) if ep.baseline.numel() else nll.new_zeros(())
+        l_rl, l_b = policy_gradient_losses(ep.log_pi, G, ep.baseline)  # advantage G - b_t, b_t detached
         loss = nll + cfg.reinforce_weight * l_rl + cfg.baseline_weight * l_b
         return StepOutput(
             loss,

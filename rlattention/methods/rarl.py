@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.metrics.multilabel import multilabel_metrics
-from rlattention.rl import GaussianPolicy, LearnedBaseline, baseline_loss, reinforce_loss, topn_label_reward
+from rlattention.rl import GaussianPolicy, LearnedBaseline, policy_gradient_losses, topn_label_reward
 from rlattention.vision.anchors import anchor_boxes, ten_view_boxes
 from rlattention.vision.backbones import SmallCNN, VGG16Features
 from rlattention.vision.crops import crop_boxes
@@ -104,8 +104,9 @@ class RARL(AttentionMethod):
         else:
             self.core = nn.Linear(cfg.region_dim, cfg.hidden_size)
         self.classifier = nn.Linear(cfg.hidden_size, num_classes)
-        self.locator = GaussianPolicy(cfg.hidden_size, 2, cfg.std)
-        self.baseline = LearnedBaseline(cfg.hidden_size, init_value=0.5)
+        if cfg.policy == "learned":  # random locations need no policy (and DDP wants no unused parameters)
+            self.locator = GaussianPolicy(cfg.hidden_size, 2, cfg.std)
+            self.baseline = LearnedBaseline(cfg.hidden_size, init_value=0.5)
 
     @classmethod
     def from_config(cls, cfg: RARLConfig, info: DataInfo) -> RARL:
@@ -198,8 +199,8 @@ class RARL(AttentionMethod):
         stats = {"reward": R.mean()}
         if log_pi.shape[1] > 0:
             G = R[:, None].expand_as(log_pi)  # gamma = 1: every action gets r_T
-            l_rl = reinforce_loss(log_pi, G, b)
-            l_b = baseline_loss(b, G)
+            labelled = (y.sum(-1) > 0)[:, None].expand_as(log_pi)  # no label: no reward signal, no update
+            l_rl, l_b = policy_gradient_losses(log_pi, G, b, mask=labelled)
             loss = loss + cfg.reinforce_weight * l_rl + cfg.baseline_weight * l_b
             terms.update(reinforce=l_rl, baseline=l_b)
         return StepOutput(loss, terms, stats)
@@ -213,7 +214,9 @@ class RARL(AttentionMethod):
         if self.cfg.test_views == 1:
             return sum(self._probs(self._scores(images, mc_samples <= 0, generator)[0]) for _ in range(runs)) / runs
         B = images.shape[0]
-        N = min(images.shape[-2:])
+        if images.shape[-2] != images.shape[-1]:
+            raise ValueError(f"ten-view evaluation needs square images, got {tuple(images.shape[-2:])}")
+        N = images.shape[-1]
         fmap = self.backbone.feature_map(images)  # once per image
         h, w = fmap.shape[-2:]
         crop = self.input_size

@@ -33,7 +33,7 @@ from rlattention.engine.method import DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.methods.ram import RAM, RAMConfig
 from rlattention.metrics.sequence import decode_sequence, sequence_error
-from rlattention.rl import baseline_loss, classification_reward, reinforce_loss, terminal_returns
+from rlattention.rl import classification_reward, policy_gradient_losses, terminal_returns
 from rlattention.rl.qlearning import TargetNetwork, epsilon_greedy, q_loss, q_targets, softmax_exploration
 from rlattention.rl.schedules import LinearSchedule
 from rlattention.vision.crops import crop_boxes, grid_boxes
@@ -224,13 +224,25 @@ class Unified(RAM):
         prepared = self.sensor.prepare(images)  # the integral image when multi-scale: shared with the pyramid
         if self.cfg.top_down:
             S = prepared if self.cfg.num_scales > 1 else None
-            td = self.top_down(images, greedy=deterministic, generator=generator, integral=S)
+            # exploration (epsilon / Boltzmann) only in training; evaluation descends greedily, also with MC samples
+            td = self.top_down(images, greedy=deterministic or not self.training, generator=generator, integral=S)
             start = self._start_in(td.region, deterministic, generator)
         ep = self.episode(images, deterministic, generator, start, differentiable_locations, prepared)
         return ep, self._token_logits(ep.hidden), td
 
     def _targets(self, targets: Tensor) -> Tensor:
-        return targets[:, None] if targets.ndim == 1 else targets  # (B, J); -1 marks padding
+        """(B,) class ids -> (B, 1); sequence targets (B, J) must have one column per token the model emits."""
+        if targets.ndim == 1:
+            return targets[:, None]
+        J = max(1, self.cfg.num_glimpses // max(1, self.cfg.glimpses_per_token))
+        if self.cfg.glimpses_per_token <= 0 or targets.shape[1] != J:
+            raise ValueError(
+                f"sequence targets have {targets.shape[1]} positions but the model emits {J} token(s) "
+                f"(model.num_glimpses / model.glimpses_per_token = {self.cfg.num_glimpses} / "
+                f"{self.cfg.glimpses_per_token}); set them so that num_glimpses = glimpses_per_token x "
+                f"(max_digits + 1)"
+            )
+        return targets
 
     def _correct(self, logits: Tensor, targets: Tensor) -> Tensor:
         """1 if every (non-padding) token is right: ``(B,)`` float."""
@@ -244,24 +256,23 @@ class Unified(RAM):
         cfg = self.cfg
         ep, logits, td = self.run(images, deterministic=False)
         y = self._targets(targets)
-        J, K = logits.shape[1:]
+        K = logits.shape[-1]
         # -y log alpha_T (per token; padding ignored)
-        nll = F.cross_entropy(logits.reshape(-1, K), y[:, :J].reshape(-1), ignore_index=-1)
-        R = self._correct(logits.detach(), y[:, :J])  # R_0: the whole label (sequence) is right
+        nll = F.cross_entropy(logits.reshape(-1, K), y.reshape(-1), ignore_index=-1)
+        R = self._correct(logits.detach(), y)  # R_0: the whole label (sequence) is right
         G = terminal_returns(R, ep.log_pi.shape[1], cfg.gamma)
         weights = None
         if cfg.entropy and ep.log_pi.shape[1] > 0:  # eq. 12: (entropy(x_{t+1}) + lambda)
             ent = binary_patch_entropy(ep.patches[:, 1:], cfg.entropy_threshold, dims=3).mean(-1)  # (B, T-1)
             weights = ent + cfg.entropy_lambda
-        l_rl = reinforce_loss(ep.log_pi, G, ep.baseline, weights=weights)
-        l_b = baseline_loss(ep.baseline, G) if ep.baseline.numel() else nll.new_zeros(())
+        l_rl, l_b = policy_gradient_losses(ep.log_pi, G, ep.baseline, weights=weights)
         loss = nll + cfg.reinforce_weight * l_rl + cfg.baseline_weight * l_b
         terms = {"nll": nll, "reinforce": l_rl, "baseline": l_b}
         stats = {"reward": R.mean(), "sigma": torch.tensor(self.locator.std)}
         if weights is not None:
             stats["patch_entropy"] = (weights - cfg.entropy_lambda).mean()
         if cfg.context:
-            l_ctx = self.context_loss(ep.hidden, y[:, :J])
+            l_ctx = self.context_loss(ep.hidden, y)
             loss = loss + cfg.context_weight * l_ctx
             terms["context"] = l_ctx
         if td is not None:
@@ -327,7 +338,7 @@ class Unified(RAM):
     def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
         if self.cfg.glimpses_per_token <= 0:
             return super().metrics(scores, targets)
-        err = sequence_error(scores.argmax(-1), targets[:, : scores.shape[1]])
+        err = sequence_error(scores.argmax(-1), self._targets(targets))
         return {"accuracy": 1.0 - err, "error": 100.0 * err, "count": float(len(targets))}
 
     @torch.no_grad()

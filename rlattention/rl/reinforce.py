@@ -5,6 +5,23 @@ from __future__ import annotations
 from torch import Tensor
 
 
+def policy_gradient_losses(
+    log_pi: Tensor,
+    returns: Tensor,
+    baseline: Tensor,
+    weights: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The REINFORCE term with a learned baseline and the baseline's own regression loss, as used by every
+    method: ``(reinforce_loss, baseline_loss)``; both zero when there are no actions (``T = 0``)."""
+    from rlattention.rl.baselines import baseline_loss
+
+    if log_pi.numel() == 0:
+        zero = log_pi.new_zeros(())
+        return zero, zero
+    return reinforce_loss(log_pi, returns, baseline, weights, mask), baseline_loss(baseline, returns, mask)
+
+
 def reinforce_loss(
     log_pi: Tensor,
     returns: Tensor,

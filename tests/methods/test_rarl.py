@@ -182,3 +182,16 @@ def test_vgg16_structure_and_weight_loading(tmp_path):
     save_file(state, str(tmp_path / "bad.safetensors"))
     with pytest.raises(ValueError, match="features.28.bias"):
         VGG16Features().load_weights(str(tmp_path / "bad.safetensors"))
+
+
+def test_images_without_labels_give_no_policy_gradient():
+    m = _model()
+    x = torch.rand(3, 1, 64, 64)
+    out = m(x, torch.zeros(3, 10))  # no labels at all
+    out.loss.backward()
+    assert m.locator.fc.weight.grad is None or m.locator.fc.weight.grad.abs().sum() == 0
+
+
+def test_random_policy_has_no_unused_policy_parameters():
+    m = _model(policy="random")
+    assert not hasattr(m, "locator") and not hasattr(m, "baseline")

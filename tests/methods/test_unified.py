@@ -54,13 +54,13 @@ def test_entropy_weights_the_reinforce_term(monkeypatch):
     import rlattention.methods.unified as U
 
     seen = {}
-    real = U.reinforce_loss
+    real = U.policy_gradient_losses
 
-    def spy(log_pi, returns, baseline=None, weights=None, mask=None):
+    def spy(log_pi, returns, baseline, weights=None, mask=None):
         seen["weights"] = weights
         return real(log_pi, returns, baseline, weights, mask)
 
-    monkeypatch.setattr(U, "reinforce_loss", spy)
+    monkeypatch.setattr(U, "policy_gradient_losses", spy)
     m = _model(entropy=True, entropy_lambda=0.5, num_glimpses=4)
     x = torch.zeros(3, 1, 28, 28)  # blank images: every patch has entropy 0
     m(x, torch.zeros(3, dtype=torch.long))
@@ -108,3 +108,19 @@ def test_sequences():
     assert m.metrics(perfect, y)["error"] == 0.0
     with pytest.raises(ValueError, match="multiple"):
         _model(num_glimpses=7, glimpses_per_token=3)
+
+
+def test_evaluation_descends_greedily_even_with_mc_samples(monkeypatch):
+    m = _model((1, 40, 40), top_down=True).eval()
+    greedy_flags = []
+    real = m.top_down
+    monkeypatch.setattr(m, "top_down", lambda *a, **k: greedy_flags.append(k["greedy"]) or real(*a, **k))
+    m.predict(torch.rand(3, 1, 40, 40), mc_samples=2, generator=torch.Generator().manual_seed(0))
+    assert greedy_flags == [True, True]
+
+
+def test_sequence_targets_must_match_emitted_tokens():
+    m = _model((1, 54, 54), classes=11, num_glimpses=6, glimpses_per_token=3)  # emits 2 tokens
+    y = torch.tensor([[1, 2, 3, 10]])  # a 3-digit target needs 4 tokens
+    with pytest.raises(ValueError, match="4 positions but the model emits 2"):
+        m(torch.rand(1, 1, 54, 54), y)
