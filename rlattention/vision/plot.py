@@ -16,6 +16,16 @@ def _as_image(x: Tensor):
     return x[0].numpy() if x.shape[0] == 1 else x.permute(1, 2, 0).clamp(0, 1).numpy()
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def _box_to_pixels(box: Tensor, H: int, W: int) -> tuple[float, float, float, float]:
     """(x0, y0, x1, y1) normalised -> (left, top, width, height) in pixels."""
     x0, y0, x1, y1 = (float(v) for v in box)
@@ -83,11 +93,7 @@ def plot_glimpses(
                 a.set_title(f"t={t + 1}", fontsize=8, color=colours[t])
             if t == 0:
                 a.set_ylabel(f"x{sides[s] / sides[0]:g}", fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_region_q(
@@ -118,11 +124,7 @@ def plot_region_q(
         ax.set_xlim(0, W)
         ax.set_ylim(H, 0)
         ax.axis("off")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_regions(image: Tensor, locations: Tensor, boxes: Tensor, path: Path, title: str = "") -> Path:
@@ -148,8 +150,4 @@ def plot_regions(image: Tensor, locations: Tensor, boxes: Tensor, path: Path, ti
     ax.set_ylim(H, 0)
     ax.set_title(title, fontsize=8)
     ax.axis("off")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
