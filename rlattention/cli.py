@@ -76,6 +76,17 @@ def _fit(args) -> int:
             raise SystemExit("rlattention fit: --resume uses the checkpoint's own config; do not pass --config")
         from rlattention.engine.checkpoint import load_checkpoint_file
 
+        fixed = [
+            o
+            for o in args.overrides
+            if o.split("=", 1)[0].startswith(("model.", "data.", "method"))
+            or o.split("=", 1)[0] in ("trainer.batch_size", "trainer.seed", "trainer.devices")
+        ]
+        if fixed:
+            raise SystemExit(
+                f"rlattention fit --resume: {', '.join(fixed)} would change the model, the data or the batches of a "
+                "run in progress; only schedule/logging keys (e.g. trainer.epochs, trainer.log_every) may change"
+            )
         ckpt = load_checkpoint_file(_resolve_checkpoint(args.resume))
         base = from_dict(ckpt["config"])
         import dataclasses

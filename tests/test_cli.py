@@ -131,3 +131,9 @@ def test_bf16_mixed_precision_on_cpu(tmp_path, method):
     extra = ["model.top_down=true", "model.entropy=true", "model.context=true"] if method == "unified" else []
     assert _fit(tmp_path, "bf16", f"method={method}", "trainer.epochs=1", "trainer.precision=bf16-mixed", *extra) == 0
     assert (tmp_path / "bf16" / "checkpoints" / "best.ckpt").is_file()
+
+
+def test_resume_refuses_overrides_that_change_the_run(tmp_path):
+    assert _fit(tmp_path, "fixed", "trainer.epochs=1", "eval.viz_images=0") == 0
+    with pytest.raises(SystemExit, match="model.hidden_size"):
+        main(["fit", "--resume", str(tmp_path / "fixed"), "model.hidden_size=32"])
