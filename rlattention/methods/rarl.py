@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.metrics.multilabel import multilabel_metrics
-from rlattention.rl import GaussianPolicy, LearnedBaseline, policy_gradient_losses, topn_label_reward
+from rlattention.rl import GaussianPolicy, LearnedBaseline, LinearSchedule, policy_gradient_losses, topn_label_reward
 from rlattention.vision.anchors import anchor_boxes, ten_view_boxes
 from rlattention.vision.backbones import SmallCNN, VGG16Features
 from rlattention.vision.crops import crop_boxes
@@ -51,6 +51,7 @@ class RARLConfig:
     hidden_size: int = 256  # LSTM
     num_iterations: int = 5  # T
     std: float = 0.11
+    std_final: float | None = None  # anneal sigma linearly to this over training (None: fixed)
     policy: str = "learned"  # learned | random (ablation: random locations)
     recurrent: bool = True  # false: no LSTM, regions classified independently (ablation)
     mode: str = "attention"  # attention | global (backbone + global pooling baseline)
@@ -107,10 +108,15 @@ class RARL(AttentionMethod):
         if cfg.policy == "learned":  # random locations need no policy (and DDP wants no unused parameters)
             self.locator = GaussianPolicy(cfg.hidden_size, 2, cfg.std)
             self.baseline = LearnedBaseline(cfg.hidden_size, init_value=0.5)
+            self.std_schedule = LinearSchedule(cfg.std, cfg.std_final)
 
     @classmethod
     def from_config(cls, cfg: RARLConfig, info: DataInfo) -> RARL:
         return cls(cfg, info)
+
+    def set_progress(self, progress: float) -> None:
+        if hasattr(self, "locator"):
+            self.locator.std = self.std_schedule(progress)
 
     @property
     def num_regions(self) -> int:
