@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
+
+def check_digit_images(images: Tensor, labels: Tensor, what: str = "images") -> None:
+    """The input every digit generator takes: uint8 ``(N, 1, H, W)`` glyphs and ``(N,)`` labels."""
+    if images.ndim != 4 or images.shape[1] != 1:
+        raise ValueError(f"{what} must be (N, 1, H, W), got shape {tuple(images.shape)}")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"{what} must be uint8 (0..255), got {images.dtype}")
+    if labels.shape != (len(images),):
+        raise ValueError(f"labels must be ({len(images)},) to match the {what}, got shape {tuple(labels.shape)}")
 
 
 @dataclass

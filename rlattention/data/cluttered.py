@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlattention.data.base import check_digit_images
+
 __all__ = ["PRESETS", "make_cluttered"]
 
 #: The two settings of the RAM paper: 60x60 with 4 fragments and 100x100 with 10 fragments (8x8 each).
@@ -56,12 +58,7 @@ def _crop(images: Tensor, source: Tensor, top: Tensor, left: Tensor, size: int) 
 
 
 def _validate(images: Tensor, labels: Tensor, canvas: int, num_clutter: int, clutter_size: int) -> None:
-    if images.ndim != 4 or images.shape[1] != 1:
-        raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(images.shape)}")
-    if images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8 (0..255), got {images.dtype}")
-    if labels.shape != (len(images),):
-        raise ValueError(f"labels must be ({len(images)},) to match the images, got shape {tuple(labels.shape)}")
+    check_digit_images(images, labels)
     height, width = images.shape[2:]
     if canvas < max(height, width):
         raise ValueError(f"canvas must be >= the digit size {height}x{width} (28 for MNIST), got {canvas}")

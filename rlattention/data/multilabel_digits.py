@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
 from rlattention.data.mnist import load_mnist, split_seed
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
@@ -83,12 +83,9 @@ def _validate(
     clutter_size: int,
 ) -> Tensor:
     """Check the arguments; returns the sorted distinct classes present in ``labels``."""
-    if images.ndim != 4 or images.shape[1] != 1 or images.shape[2] != images.shape[3]:
+    check_digit_images(images, labels)
+    if images.shape[2] != images.shape[3]:
         raise ValueError(f"images must be (N, 1, S, S) square digits, got shape {tuple(images.shape)}")
-    if images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8 (0..255), got {images.dtype}")
-    if labels.shape != (len(images),):
-        raise ValueError(f"labels must be ({len(images)},) to match the images, got shape {tuple(labels.shape)}")
     if len(images) == 0:
         raise ValueError("no source digits: images is empty")
     if labels.is_floating_point() or int(labels.min()) < 0 or int(labels.max()) >= NUM_CLASSES:

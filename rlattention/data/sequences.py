@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
 from rlattention.data.mnist import load_mnist, split_seed
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
@@ -120,12 +120,7 @@ def _validate(
     max_zoom: float,
     supersample: int,
 ) -> None:
-    if digits.ndim != 4 or digits.shape[1] != 1:
-        raise ValueError(f"digits must be (M, 1, H, W), got shape {tuple(digits.shape)}")
-    if digits.dtype != torch.uint8:
-        raise ValueError(f"digits must be uint8 (0..255), got {digits.dtype}")
-    if labels.shape != (len(digits),):
-        raise ValueError(f"labels must be ({len(digits)},) to match the digits, got shape {tuple(labels.shape)}")
+    check_digit_images(digits, labels, "digits")
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) > 9):
         raise ValueError(f"labels must be digits 0..9, found {int(labels.min())}..{int(labels.max())}")
     if canvas < 8:
