@@ -6,16 +6,14 @@ Python 2 pickle of a dict with byte-string keys: ``b"data"`` uint8 ``(10000, 307
 then green, then blue values of a 32x32 image, row-major), ``b"labels"`` a list of ints 0..9, plus
 ``b"batch_label"`` and ``b"filenames"``. ``batches.meta`` holds ``b"label_names"``.
 
-A pickle can run arbitrary code when loaded, so the files are read with a restricted unpickler that only
-resolves the globals a numpy array needs (``_reconstruct``, ``ndarray``, ``dtype``) and refuses any other
-(:class:`UnsafePickleError`). Nothing is cached on disk.
+A pickle can run arbitrary code when loaded, so the files are read with the restricted unpickler of
+:mod:`rlattention.data.safe_pickle`, which only resolves the globals a numpy array needs (``_reconstruct``,
+``ndarray``, ``dtype``) and refuses any other (:class:`UnsafePickleError`). Nothing is cached on disk.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlattention.data import safe_pickle
 from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.registry import register_dataset
+from rlattention.data.safe_pickle import PickleReadError, load_restricted_pickle
 from rlattention.data.splits import train_val_split
-
-try:  # numpy >= 2 keeps the implementation in numpy._core; numpy.core is a deprecated alias there
-    from numpy._core.multiarray import _reconstruct
-except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct
 
 __all__ = [
     "CIFAR10_CLASSES",
@@ -76,40 +71,14 @@ _MISSING_DIR_MSG = (
     f"{CIFAR10_DIR}/ or its files)"
 )
 
-#: (module, name) -> object: the only globals the unpickler resolves.
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,  # pickles written by numpy 1.x (the real files)
-    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,  # pickles written by numpy >= 2
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-}
-
 
 class CifarFormatError(ValueError):
     """A malformed CIFAR file; the message names the file, what was expected and what was found."""
 
 
-class UnsafePickleError(CifarFormatError):
-    """A pickle that references a global other than the numpy array reconstruction ones."""
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` with ``encoding="bytes"`` (Python 2 strings stay bytes) that resolves only
-    :data:`_ALLOWED_GLOBALS` and raises :class:`UnsafePickleError` naming the file for anything else."""
-
-    def __init__(self, file: io.BufferedIOBase, path: Path) -> None:
-        super().__init__(file, encoding="bytes")
-        self._path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return _ALLOWED_GLOBALS[(module, name)]
-        except KeyError:
-            allowed = ", ".join(f"{m}.{n}" for m, n in _ALLOWED_GLOBALS)
-            raise UnsafePickleError(
-                f"{self._path}: refused global {module}.{name}: a CIFAR pickle holds only dicts, lists, strings "
-                f"and numpy arrays (allowed globals: {allowed}); the file is not a genuine CIFAR batch"
-            ) from None
+class UnsafePickleError(safe_pickle.UnsafePickleError, CifarFormatError):
+    """A pickle that references a global other than the numpy array reconstruction ones (both a
+    :class:`rlattention.data.safe_pickle.UnsafePickleError` and a :class:`CifarFormatError`)."""
 
 
 def _text(value: Any) -> Any:
@@ -128,17 +97,14 @@ def read_cifar_pickle(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"CIFAR file not found: {path}")
-    with path.open("rb") as f:
-        try:
-            obj = _RestrictedUnpickler(f, path).load()
-        except UnsafePickleError:
-            raise
-        except Exception as err:  # EOFError, UnpicklingError, ValueError, ... from a damaged stream
-            size = path.stat().st_size
-            raise CifarFormatError(
-                f"{path}: not a readable pickle ({type(err).__name__}: {err}; {size} bytes); the file may be "
-                "truncated or corrupt: re-download or re-extract cifar-10-python.tar.gz"
-            ) from err
+    try:
+        obj = load_restricted_pickle(
+            path, "CIFAR pickle", encoding="bytes", hint="re-download or re-extract cifar-10-python.tar.gz"
+        )
+    except safe_pickle.UnsafePickleError as err:
+        raise UnsafePickleError(str(err)) from None
+    except PickleReadError as err:
+        raise CifarFormatError(str(err)) from err
     if not isinstance(obj, dict):
         raise CifarFormatError(f"{path}: expected a pickled dict, found {type(obj).__name__}")
     return {_text(key): value for key, value in obj.items()}

@@ -22,9 +22,17 @@ class DataConfig:
         ``max_digits + 1`` positions (digits, end token 10, padding -1); longer SVHN numbers are dropped.
     svhn_extra: also train on the SVHN ``extra`` split (``svhn_cropped``: ``extra_32x32.mat``;
         ``svhn_sequences``: ``extra/digitStruct.mat``); validation stays drawn from ``train`` only.
-    image_size: side of the square that photos are resized to (``voc2007``, ``coco``).
-    test_fraction: share of the images held out as test when a dataset has no test split (``coco`` subset).
+    image_size: side of the square that photos are resized to (``voc2007``, ``coco``), and of the sketch renders
+        and photos of ``qmul_chairv2`` / ``omniglot_sketch``.
+    test_fraction: share of the images held out as test when a dataset has no test split (``coco`` subset); of
+        the characters for ``omniglot_sketch``.
     digits_per_canvas / scale_range: how many distinct digits per canvas and their scale (``multilabel_digits``).
+    completion_steps: partial renders per sketch, S (``qmul_chairv2``, ``omniglot_sketch``; the DARP paper uses 17);
+        step s shows the first ceil(s * points / S) points of the sketch.
+    line_width: stroke thickness of the sketch renders, in output pixels (>= 1; 2 suits ``image_size: 64``).
+    render_cache: folder of the on-disk cache of sketch renders (and resized ChairV2 photos); ``null`` means
+        ``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``; ``""`` or ``"none"`` disables the cache.
+    omniglot_subsets: which Omniglot small background sets ``omniglot_sketch`` uses: ``[1]``, ``[2]`` or ``[1, 2]``.
     """
 
     name: str = "digits"
@@ -42,3 +50,7 @@ class DataConfig:
     digits_per_canvas: list[int] = field(default_factory=lambda: [2, 4])
     scale_range: list[float] = field(default_factory=lambda: [1.0, 2.0])
     svhn_extra: bool = False
+    completion_steps: int = 17
+    line_width: float = 2.0
+    render_cache: str | None = None
+    omniglot_subsets: list[int] = field(default_factory=lambda: [1])

@@ -51,4 +51,14 @@ def build_dataset(name: str, cfg: Any, data_dir: str | os.PathLike | None = None
 
 def _import_all() -> None:
     # Importing the modules runs their @register_dataset decorators.
-    from rlattention.data import cifar, coco, digits, mnist, multilabel_digits, sequences, svhn, voc  # noqa: F401
+    from rlattention.data import (  # noqa: F401
+        cifar,
+        coco,
+        digits,
+        mnist,
+        multilabel_digits,
+        sequences,
+        sketch_retrieval,
+        svhn,
+        voc,
+    )
