@@ -1,13 +1,29 @@
 """Method-independent RL parts: policies, returns, baselines, policy-gradient losses, rewards, schedules."""
 
 from rlattention.rl.baselines import LearnedBaseline, baseline_loss, leave_one_out_baseline
+from rlattention.rl.bootstrap import (
+    MultiHeadGaussianPolicy,
+    bootstrap_masks,
+    bootstrapped_q_loss,
+    bootstrapped_reinforce_loss,
+    sample_heads,
+)
 from rlattention.rl.policies import GaussianPolicy, gaussian_log_prob
+from rlattention.rl.ppo import ppo_clip_loss
 from rlattention.rl.reinforce import policy_gradient_losses, reinforce_loss
 from rlattention.rl.returns import discounted_returns, terminal_returns
-from rlattention.rl.rewards import classification_reward, topn_label_reward
-from rlattention.rl.schedules import LinearSchedule
+from rlattention.rl.rewards import classification_reward, rank_threshold_reward, topn_label_reward
+from rlattention.rl.schedules import LinearSchedule, SigmoidThreshold
 
 __all__ = [
+    "MultiHeadGaussianPolicy",
+    "SigmoidThreshold",
+    "bootstrap_masks",
+    "bootstrapped_q_loss",
+    "bootstrapped_reinforce_loss",
+    "ppo_clip_loss",
+    "rank_threshold_reward",
+    "sample_heads",
     "GaussianPolicy",
     "LearnedBaseline",
     "LinearSchedule",

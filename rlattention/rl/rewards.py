@@ -25,3 +25,8 @@ def topn_label_reward(scores: Tensor, targets: Tensor) -> Tensor:
     rank.scatter_(-1, order, torch.arange(scores.shape[-1], device=scores.device).expand_as(order))
     hits = (g & (rank < n[:, None])).sum(-1)
     return torch.where(n > 0, hits.float() / n.clamp(min=1).float(), torch.zeros_like(hits, dtype=torch.float32))
+
+
+def rank_threshold_reward(ranks: Tensor, eta: float) -> Tensor:
+    """R = 1[score >= eta] with score = 1 / rank (DARP eqs. 3-4); ranks ``(...)`` int >= 1 -> float ``(...)``."""
+    return ((1.0 / ranks.to(torch.float32)) >= eta).float()

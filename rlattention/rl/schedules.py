@@ -17,3 +17,21 @@ class LinearSchedule:
             return self.start
         p = min(max(progress, 0.0), 1.0)
         return self.start + (self.end - self.start) * p
+
+
+@dataclass(frozen=True)
+class SigmoidThreshold:
+    """eta_t = 1 / (1 + exp(-alpha t + beta)) over training steps t (DARP eq. 5).
+
+    With the paper's alpha = 0.02, beta = -2 the threshold starts at 1/(1 + e^-2) = 0.881 and rises to 1; a
+    positive beta (e.g. +2) starts it low (0.119) so that early, weak retrievals are rewarded too.
+    """
+
+    alpha: float = 0.02
+    beta: float = -2.0
+
+    def __call__(self, step: float) -> float:
+        import math
+
+        z = -self.alpha * step + self.beta
+        return 1.0 / (1.0 + math.exp(z)) if z < 700 else 0.0

@@ -1,0 +1,128 @@
+"""Bootstrapped exploration (Osband et al., "Deep exploration via bootstrapped DQN", NIPS 2016) for policy
+gradients and Q-learning: K heads share a trunk; one head acts for a whole episode; every experience carries a
+mask omega in {0, 1}^K drawn fresh for it, and head k learns only from the experiences with omega_k = 1.
+
+Used by DARP's locator (a K-head Gaussian policy, the paper's "bootstrapped policy gradient") and by the
+bootstrapped-DQN locator baseline (K Q-heads over a discretised action set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rlattention.rl.policies import PolicyOutput, gaussian_log_prob
+
+
+def bootstrap_masks(
+    shape: Sequence[int], num_heads: int, p: float, generator: torch.Generator | None = None, device=None
+) -> Tensor:
+    """omega ~ Bernoulli(p)^K, one independent draw per experience: float ``(*shape, num_heads)`` in {0, 1}.
+
+    p = 1 gives every head every experience (no bootstrapping); p = 0.5 is the "double-or-nothing" bootstrap.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"bootstrap mask probability must be in (0, 1], got {p}")
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    u = torch.rand(*shape, num_heads, generator=generator, device=device)
+    return (u < p).float()
+
+
+def sample_heads(batch: int, num_heads: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+    """The head that acts for each episode: uniform over ``0..num_heads-1``, int64 ``(batch,)``."""
+    return torch.randint(num_heads, (batch,), generator=generator, device=device)
+
+
+class MultiHeadGaussianPolicy(nn.Module):
+    """K Gaussian location policies pi_k(v | h) = N(tanh(W_k h + b_k), diag(sigma_x^2, sigma_y^2)).
+
+    ``std`` is a plain attribute (a float or a ``(sigma_x, sigma_y)`` pair) so a schedule can shrink it during
+    training. Samples are detached: the only path of the policy gradient is the log-probability.
+    """
+
+    def __init__(self, in_features: int, num_heads: int, action_dim: int = 2, std: float | Sequence[float] = 0.2):
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        self.num_heads, self.action_dim = num_heads, action_dim
+        self.fc = nn.Linear(in_features, num_heads * action_dim)
+        self.std = std
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        return self._std
+
+    @std.setter
+    def std(self, value: float | Sequence[float]) -> None:
+        values = (float(value),) * self.action_dim if isinstance(value, (int, float)) else tuple(map(float, value))
+        if len(values) != self.action_dim or min(values) <= 0:
+            raise ValueError(f"policy std must be {self.action_dim} positive values (or one), got {value}")
+        self._std = values
+
+    def std_tensor(self, like: Tensor) -> Tensor:
+        return torch.tensor(self._std, dtype=like.dtype, device=like.device)
+
+    def means(self, h: Tensor) -> Tensor:
+        """h ``(..., F)`` -> the K heads' mean actions ``(..., K, D)``."""
+        return torch.tanh(self.fc(h)).unflatten(-1, (self.num_heads, self.action_dim))
+
+    def forward(
+        self,
+        h: Tensor,
+        head: Tensor | None,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> PolicyOutput:
+        """Act with head ``head[b]`` of each episode (``(B,)`` int64), or with the mean of the K heads' means
+        (``head=None``, an ensemble used at evaluation). Returns the action, its log-probability under the
+        acting head (for the ensemble: under the averaged mean) and the mean action."""
+        mu_all = self.means(h)  # (B, K, D)
+        if head is None:
+            mu = mu_all.mean(-2)
+        else:
+            mu = mu_all.gather(-2, head.view(-1, 1, 1).expand(-1, 1, self.action_dim)).squeeze(-2)
+        std = self.std_tensor(mu)
+        if deterministic:
+            action = mu.detach()
+        else:
+            eps = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+            action = (mu + std * eps).detach()
+        return PolicyOutput(action, gaussian_log_prob(action, mu, std), mu)
+
+    def log_prob_all(self, action: Tensor, h: Tensor) -> Tensor:
+        """log pi_k(action | h) for every head: action ``(..., D)``, h ``(..., F)`` -> ``(..., K)``."""
+        mu_all = self.means(h)
+        return gaussian_log_prob(action.detach().unsqueeze(-2), mu_all, self.std_tensor(mu_all))
+
+
+def bootstrapped_reinforce_loss(
+    log_pi_heads: Tensor, returns: Tensor, masks: Tensor, baseline: Tensor | None = None
+) -> Tensor:
+    """L = -(1/B) sum_b sum_t sum_k omega_btk (G_bt - b_bt) log pi_k(v_bt | h_bt)  (DARP eq. 8 per head).
+
+    log_pi_heads: ``(B, T, K)`` log-probabilities of the actions actually taken, under every head;
+    returns, baseline: ``(B, T)``; masks: ``(B, T, K)`` bootstrap masks. Head k gets gradient only from the
+    experiences with omega_k = 1; advantage and masks are detached.
+    """
+    if log_pi_heads.shape != masks.shape:
+        raise ValueError(f"log_pi_heads {tuple(log_pi_heads.shape)} and masks {tuple(masks.shape)} must match")
+    if log_pi_heads.numel() == 0:
+        return log_pi_heads.new_zeros(())
+    advantage = returns.detach()
+    if baseline is not None:
+        advantage = advantage - baseline.detach()
+    weighted = masks.detach() * advantage.unsqueeze(-1)
+    return -(weighted * log_pi_heads).sum(dim=(1, 2)).mean()
+
+
+def bootstrapped_q_loss(q_heads: Tensor, action: Tensor, target: Tensor, masks: Tensor) -> Tensor:
+    """Masked TD loss of K Q-heads: sum_k omega_k (Q_k(s, a) - y_k)^2, averaged over the experiences.
+
+    q_heads: ``(N, K, A)``; action: ``(N,)`` int64; target: ``(N, K)`` (each head's own bootstrap target,
+    detached); masks: ``(N, K)``.
+    """
+    q_sa = q_heads.gather(-1, action.view(-1, 1, 1).expand(-1, q_heads.shape[1], 1)).squeeze(-1)  # (N, K)
+    return (masks.detach() * (q_sa - target.detach()).pow(2)).sum(-1).mean()
