@@ -18,13 +18,33 @@ DATA_FOLDER = {  # dataset -> its folder in the shared data
     "mnist_sequences": "mnist",
     "multilabel_digits": "mnist",
     "coco": "coco_train2017_subset128",
+    "qmul_chairv2": "qmul_chairv2",
+    "omniglot_sketch": "omniglot",
 }
 NOT_HERE = {"cifar10": "CIFAR-10", "svhn_sequences": "SVHN", "svhn_cropped": "SVHN", "voc2007": "Pascal VOC 2007"}
 
 
+def _phase1_config(artifact: str) -> Path:
+    """The config whose run writes ``artifact`` (``runs/<run_name>/phase1.safetensors``)."""
+    run_name = Path(artifact).parent.name
+    for path in CONFIGS:
+        if load_config(path).trainer.run_name == run_name:
+            return path
+    raise AssertionError(f"no config in configs/ has trainer.run_name={run_name!r} (needed for {artifact})")
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_config_smoke_fit(path, tmp_path, shared_data):
+    _smoke_fit(path, tmp_path, shared_data)
+
+
+def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path) -> Path:
     cfg = load_config(path)
+    extra = []
+    phase1 = getattr(cfg.model, "phase1", None)
+    if phase1:  # a phase-2 method: smoke-fit the phase-1 config that writes its artifact first
+        run = _smoke_fit(_phase1_config(phase1), tmp_path / "phase1", shared_data)
+        extra.append(f"model.phase1={run / 'phase1.safetensors'}")
     if cfg.data.name in NOT_HERE:
         pytest.skip(f"{NOT_HERE[cfg.data.name]} is not in the shared data of this machine ({shared_data})")
     data_dir = []
@@ -54,7 +74,10 @@ def test_config_smoke_fit(path, tmp_path, shared_data):
         argv.append("data.val_size=32")
     if cfg.data.name == "coco":
         argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))] + ["data.val_size=8"]
-    assert main(argv) == 0
+    if cfg.data.name in ("qmul_chairv2", "omniglot_sketch"):
+        argv += ["data.val_size=4", "data.image_size=32", "data.completion_steps=4"]
+    assert main(argv + extra) == 0
     report = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert report["steps"] == 2 and report["test"]["count"] > 0
     assert (tmp_path / "smoke" / "checkpoints" / "best.ckpt").is_file()
+    return tmp_path / "smoke"

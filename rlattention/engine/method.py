@@ -45,7 +45,8 @@ class AttentionMethod(nn.Module):
     Config: ClassVar[type] = object
     #: the validation metric used for model selection and whether larger is better
     selection_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
-    #: what targets look like: "classification" (N,) class ids | "multilabel" (N, K) in {1, 0, -1}
+    #: what targets look like: "classification" (N,) class ids | "multilabel" (N, K) in {1, 0, -1} |
+    #: "sketch_retrieval" (N,) photo ids of (S + 3)-channel sketch/photo items
     task: ClassVar[str] = "classification"
 
     @classmethod
@@ -64,6 +65,16 @@ class AttentionMethod(nn.Module):
 
     def set_progress(self, progress: float) -> None:
         """Called before every training step with the fraction of training done, in [0, 1]."""
+
+    def on_fit_start(self, splits: Any) -> None:
+        """Called once by ``fit`` after the model is built, before training, with the run's ``DataSplits``
+        (e.g. to note which gallery items belong to the training split). Not called when a checkpoint is only
+        evaluated, so whatever it computes must live in buffers that the checkpoint carries."""
+
+    def export(self, splits: Any, run_dir: Path) -> list[Path]:
+        """Called by ``fit`` on rank 0 after training, with the selected (best) weights loaded: write the
+        method's artifacts (e.g. embeddings another method reads) into ``run_dir``; return their paths."""
+        return []
 
     def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
         """Evaluation metrics from all predictions of a split (default: classification)."""

@@ -228,7 +228,8 @@ def fit(
         splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
     model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes))
-    optimizer = make_optimizer(model.parameters(), cfg.optim)
+    model.on_fit_start(splits)
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
     loader = BatchLoader(
         splits.train, tc.batch_size, True, tc.seed, fabric.global_rank, fabric.world_size, True, fabric.device
     )
@@ -398,6 +399,8 @@ def fit(
             except NotImplementedError:
                 figures = []
         report["figures"] = figures
+        raw.eval()
+        report["artifacts"] = [str(p) for p in raw.export(splits, run_dir)]
         (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     for logger in fabric.loggers:
         logger.finalize("success")

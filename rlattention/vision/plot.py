@@ -151,3 +151,25 @@ def plot_regions(image: Tensor, locations: Tensor, boxes: Tensor, path: Path, ti
     ax.set_title(title, fontsize=8)
     ax.axis("off")
     return _save(fig, path)
+
+
+def plot_completion_curves(curves: dict[str, Tensor], path: Path, ylabel: str = "ranking percentile", title: str = ""):
+    """One line per method of a per-completion-step metric ``(S,)`` against the completion degree s/S
+    (e.g. the DARP paper's figure 7, ranking percentile vs completion). Writes a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    for name, values in curves.items():
+        v = values.detach().float().cpu()
+        x = torch.arange(1, len(v) + 1, dtype=torch.float32) / len(v)
+        ax.plot(x.numpy(), v.numpy(), marker="o", ms=3, label=name)
+    ax.set_xlabel("completion degree of the sketch")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return _save(fig, path)

@@ -26,3 +26,34 @@ def random_crop_flip(images: Tensor, crop: int, flip: bool = True, generator: to
         mirror = torch.rand(B, generator=generator, device=images.device) < 0.5
         images = torch.where(mirror[:, None, None, None], images.flip(-1), images)
     return images
+
+
+def random_rotate_flip(
+    images: Tensor, max_degrees: float = 0.0, flip_p: float = 0.0, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Rotate every image by its own angle drawn uniformly in ``[-max_degrees, max_degrees]`` about the centre
+    and mirror it horizontally with probability ``flip_p``; all channels of an image move together (e.g. the
+    partial renders of one sketch). One ``affine_grid`` + ``grid_sample`` (bilinear, zero fill) for the batch.
+
+    images ``(B, C, H, W)`` float -> ``(warped (B, C, H, W), flipped (B,) bool)``; with no rotation the flip is
+    an exact pixel mirror.
+    """
+    import math
+
+    import torch.nn.functional as F
+
+    if not 0.0 <= flip_p <= 1.0:
+        raise ValueError(f"flip probability must be in [0, 1], got {flip_p}")
+    B = images.shape[0]
+    dev = images.device
+    flipped = torch.rand(B, generator=generator, device=dev) < flip_p
+    if max_degrees <= 0:
+        return torch.where(flipped[:, None, None, None], images.flip(-1), images), flipped
+    angle = (torch.rand(B, generator=generator, device=dev) * 2.0 - 1.0) * math.radians(max_degrees)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    sx = torch.where(flipped, -1.0, 1.0)
+    zero = torch.zeros_like(cos)
+    # output pixel (x, y) samples the input at R(angle) (sx x, y): mirror first, then rotate
+    theta = torch.stack((torch.stack((cos * sx, -sin, zero), -1), torch.stack((sin * sx, cos, zero), -1)), 1)
+    grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False), flipped

@@ -1,0 +1,739 @@
+"""Deep reinforced attention regression for on-the-fly partial-sketch image retrieval (DARP-SBIR): Wang et al.,
+"Deep Reinforced Attention Regression for Partial Sketch Based Image Retrieval" (ICDM 2021), plus the
+baselines of its Table III in the same framework.
+
+Data layout (``rlattention.data.sketch_retrieval``): an item is ``(S + 3, H, W)``: the S partial renders of
+one query sketch (completion steps 1..S, ink 1 on 0) followed by its true photo (RGB); the target is the
+photo's index in the dataset's photo list. A prediction is ``(S * D + D)``: the sketch embedding after each
+completion step, then the photo embedding; :meth:`SketchRetrievalMethod.metrics` deduplicates the photos of
+a split into its gallery and ranks every (query, step) against it (``rlattention.metrics.sketch``).
+
+Methods registered here:
+
+``darp_triplet`` (phase 1, and the "triplet network" row): sketch and photo CNNs (shared or per domain) ->
+    soft spatial attention pooling -> 64-d FC -> L2 normalisation, trained with the triplet loss (eq. 1)
+    ``max(0, mu + d(a, p) - d(a, n))`` on (complete sketch, its photo, another photo). After training it
+    writes ``phase1.safetensors``: both networks and the gallery embeddings e_i of every photo.
+``darp`` (phase 2): glimpse network on the current partial sketch -> RNN -> action network a_t (a 64-d
+    sketch embedding, supervised loss ||a_t - e_i||^2) and a locator. ``locator: bootstrap`` is the paper's
+    K-head Gaussian locator trained by the bootstrapped policy gradient (eq. 8) with the dynamic ranking
+    reward (eqs. 3-5); ``locator: dqn`` is the bootstrapped-DQN baseline (K Q-heads over a grid of
+    locations). ``baseline: true`` adds a learned baseline (our improvement; off in the paper).
+``darp_policy`` ("triplet + vanilla RL" and "triplet + PPO", after Bhunia et al., "Sketch Less for More",
+    CVPR 2020): a policy network maps the frozen phase-1 features of each partial sketch to a Gaussian over
+    the sketch embedding, trained by REINFORCE (``algorithm: reinforce``) or by PPO's clipped surrogate over
+    a replay memory with a Monte-Carlo value network (``algorithm: ppo``).
+
+Time in ``darp``: an episode is one sketch drawn on the fly. At each completion step s = 1..S the agent takes
+``glimpses_per_step`` glimpses of the s-th partial render; the hidden state and the glimpse location carry over
+from one completion step to the next. Every glimpse t gives an embedding a_t and a reward R_t; the location
+v_t chosen after glimpse t is rewarded by the discounted return of R_{t+1}.. (eq. 6). The embedding reported
+for completion step s is a_t at its last glimpse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
+from rlattention.engine.registry import register_method
+from rlattention.methods.ram import CoreNetwork, GlimpseNetwork
+from rlattention.metrics.sketch import gallery_from_pairs, sketch_retrieval_curves, sketch_retrieval_metrics, true_ranks
+from rlattention.rl import (
+    LearnedBaseline,
+    LinearSchedule,
+    MultiHeadGaussianPolicy,
+    SigmoidThreshold,
+    baseline_loss,
+    bootstrap_masks,
+    bootstrapped_q_loss,
+    bootstrapped_reinforce_loss,
+    discounted_returns,
+    gaussian_log_prob,
+    leave_one_out_baseline,
+    ppo_clip_loss,
+    sample_heads,
+)
+from rlattention.rl.qlearning import TargetNetwork
+from rlattention.vision import GlimpseSensor
+from rlattention.vision.backbones import SmallCNN
+from rlattention.vision.transforms import random_rotate_flip
+
+PHASE1_FORMAT = "rlattention.darp.phase1/1"
+PHASE1_FILE = "phase1.safetensors"
+_SELECTABLE = ("auir", "acc@1", "acc@5", "acc@10", "percentile")
+
+
+def split_layout(images: Tensor) -> tuple[Tensor, Tensor]:
+    """``(B, S + 3, H, W)`` -> partial renders ``(B, S, H, W)`` and photos ``(B, 3, H, W)``."""
+    if images.ndim != 4 or images.shape[1] < 4:
+        raise ValueError(
+            f"sketch-retrieval items must be (B, S + 3, H, W) with S >= 1 partial renders and an RGB photo, "
+            f"got shape {tuple(images.shape)}"
+        )
+    return images[:, :-3], images[:, -3:]
+
+
+def completion_steps(info: DataInfo) -> int:
+    channels = info.image_shape[0]
+    if channels < 4:
+        raise ValueError(
+            f"the sketch-retrieval methods need items of S + 3 channels (S partial renders + an RGB photo), got "
+            f"{channels} channels: use a sketch-retrieval dataset (qmul_chairv2, omniglot_sketch)"
+        )
+    return channels - 3
+
+
+# --------------------------------------------------------------------------------------------- phase 1
+
+
+class EmbeddingNet(nn.Module):
+    """CNN feature map -> soft spatial attention pooling -> FC -> L2-normalised embedding (paper fig. 2).
+
+    The soft attention layer scores every position of the last feature map (a 1x1 convolution), takes a
+    softmax over positions and pools the features with those weights (``soft_attention: false``: average
+    pooling).
+    """
+
+    def __init__(self, in_channels: int, channels: list[int], dim: int, soft_attention: bool = True) -> None:
+        super().__init__()
+        self.backbone = SmallCNN(in_channels, channels)
+        c = self.backbone.out_features
+        self.attention = nn.Conv2d(c, 1, 1) if soft_attention else None
+        self.fc = nn.Linear(c, dim)
+        self.out_features = c
+
+    def features(self, x: Tensor) -> Tensor:
+        fmap = self.backbone.feature_map(x)  # (B, c, h, w)
+        if self.attention is None:
+            return fmap.mean(dim=(-2, -1))
+        weights = self.attention(fmap).flatten(1).softmax(-1)  # (B, h*w)
+        return torch.einsum("bcn,bn->bc", fmap.flatten(2), weights)
+
+    def embed(self, feats: Tensor) -> Tensor:
+        return F.normalize(self.fc(feats), dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.embed(self.features(x))
+
+
+@dataclass
+class TripletConfig:
+    """The ``model:`` section of ``method: darp_triplet`` (phase 1)."""
+
+    channels: list[int] = field(default_factory=lambda: [32, 64, 128, 256])  # conv widths (one 2x pool each)
+    embed_dim: int = 64  # D
+    shared_backbone: bool = False  # one CNN for sketches and photos (sketches repeated to 3 channels)
+    soft_attention: bool = True
+    margin: float = 0.2  # mu of eq. 1, on Euclidean distances of unit vectors
+    negatives: str = "random"  # random: another photo of the batch (the paper) | hardest: the closest one
+    anchor: str = "complete"  # complete: the full sketch (the paper) | partial: a random completion step
+    augment_degrees: float = 10.0  # random rotation of the sketch
+    augment_flip: float = 0.5  # probability of mirroring sketch and photo together
+    select_on: str = "acc@5"  # validation metric for model selection: auir | acc@1 | acc@5 | acc@10 | percentile
+
+
+class SketchRetrievalMethod(AttentionMethod):
+    """Shared by the three methods: the prediction layout and the retrieval metrics."""
+
+    task = "sketch_retrieval"  # items (S + 3, H, W), targets (N,) photo ids
+
+    def _set_selection(self, select_on: str) -> None:
+        if select_on not in _SELECTABLE:
+            raise ValueError(f"model.select_on must be one of {', '.join(_SELECTABLE)}, got {select_on!r}")
+        self.selection_metric = (select_on, "max")
+
+    @staticmethod
+    def pack(query_emb: Tensor, photo_emb: Tensor) -> Tensor:
+        """``(B, S, D)`` sketch embeddings and ``(B, D)`` photo embeddings -> ``(B, S * D + D)``."""
+        return torch.cat((query_emb.flatten(1), photo_emb), dim=1)
+
+    def unpack(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        D = self.embed_dim
+        B, n = scores.shape
+        if n % D or n // D < 2:
+            raise ValueError(f"predictions must be (B, S * {D} + {D}), got {tuple(scores.shape)}")
+        return scores[:, :-D].reshape(B, -1, D), scores[:, -D:]
+
+    def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
+        query, photo = self.unpack(scores)
+        gallery, rows = gallery_from_pairs(photo, targets)
+        out = sketch_retrieval_metrics(query, gallery, rows)
+        return {**out, "count": float(len(targets)), "gallery": float(len(gallery))}
+
+    def curves(self, scores: Tensor, targets: Tensor) -> dict[str, Tensor]:
+        query, photo = self.unpack(scores)
+        gallery, rows = gallery_from_pairs(photo, targets)
+        return sketch_retrieval_curves(query, gallery, rows)
+
+
+@register_method("darp_triplet")
+class TripletNetwork(SketchRetrievalMethod):
+    Config = TripletConfig
+
+    def __init__(self, cfg: TripletConfig, info: DataInfo) -> None:
+        super().__init__()
+        if cfg.negatives not in ("random", "hardest"):
+            raise ValueError(f"model.negatives must be 'random' or 'hardest', got {cfg.negatives!r}")
+        if cfg.anchor not in ("complete", "partial"):
+            raise ValueError(f"model.anchor must be 'complete' or 'partial', got {cfg.anchor!r}")
+        self.cfg = cfg
+        self.steps = completion_steps(info)
+        self.embed_dim = cfg.embed_dim
+        self.num_photos = info.num_classes
+        self.photo_net = EmbeddingNet(3, list(cfg.channels), cfg.embed_dim, cfg.soft_attention)
+        self.sketch_net = (
+            self.photo_net
+            if cfg.shared_backbone
+            else EmbeddingNet(1, list(cfg.channels), cfg.embed_dim, cfg.soft_attention)
+        )
+        self._set_selection(cfg.select_on)
+
+    @classmethod
+    def from_config(cls, cfg: TripletConfig, info: DataInfo) -> TripletNetwork:
+        return cls(cfg, info)
+
+    def sketch_input(self, sketches: Tensor) -> Tensor:
+        """``(N, H, W)`` or ``(N, 1, H, W)`` renders -> the sketch network's input."""
+        x = sketches if sketches.ndim == 4 else sketches.unsqueeze(1)
+        return x.expand(-1, 3, -1, -1) if self.cfg.shared_backbone else x
+
+    def embed_sketches(self, sketches: Tensor) -> Tensor:
+        """psi: renders ``(B, S, H, W)`` -> ``(B, S, D)``."""
+        B, S = sketches.shape[:2]
+        return self.sketch_net(self.sketch_input(sketches.flatten(0, 1))).view(B, S, -1)
+
+    def sketch_features(self, sketches: Tensor) -> Tensor:
+        """Pooled features before the embedding layer: ``(B, S, H, W)`` -> ``(B, S, c)``."""
+        B, S = sketches.shape[:2]
+        return self.sketch_net.features(self.sketch_input(sketches.flatten(0, 1))).view(B, S, -1)
+
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        cfg = self.cfg
+        sketches, photos = split_layout(images)
+        sketches, flipped = random_rotate_flip(sketches, cfg.augment_degrees, cfg.augment_flip)
+        photos = torch.where(flipped[:, None, None, None], photos.flip(-1), photos)
+        B, S = sketches.shape[:2]
+        if cfg.anchor == "complete":
+            anchor = sketches[:, S - 1]
+        else:
+            step = torch.randint(S, (B,), device=images.device)
+            anchor = sketches[torch.arange(B, device=images.device), step]
+        a = self.sketch_net(self.sketch_input(anchor))  # psi(a)
+        p = self.photo_net(photos)  # phi(p)
+        dist = torch.cdist(a, p)  # (B, B) Euclidean distances
+        d_pos = dist.diagonal()
+        other = targets[None, :] != targets[:, None]  # a photo of another identity
+        if cfg.negatives == "hardest":
+            d_neg = dist.masked_fill(~other, float("inf")).min(dim=1).values
+            valid = other.any(1)
+        else:
+            shift = torch.randint(1, max(2, B), (B,), device=images.device)
+            j = (torch.arange(B, device=images.device) + shift) % B
+            d_neg = dist.gather(1, j[:, None]).squeeze(1)
+            valid = other.gather(1, j[:, None]).squeeze(1)
+        hinge = F.relu(cfg.margin + d_pos - d_neg.masked_fill(~valid, 0.0))  # eq. 1
+        loss = (hinge * valid).sum() / valid.sum().clamp(min=1)
+        return StepOutput(
+            loss,
+            terms={"triplet": loss},
+            stats={"active": ((hinge > 0) & valid).float().mean(), "d_pos": d_pos.mean(), "d_neg": d_neg.mean()},
+        )
+
+    @torch.no_grad()
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        sketches, photos = split_layout(images)
+        return self.pack(self.embed_sketches(sketches), self.photo_net(photos))
+
+    @torch.no_grad()
+    def export(self, splits: Any, run_dir: Path) -> list[Path]:
+        """``phase1.safetensors``: both networks and the gallery embedding of every photo of every split."""
+        from safetensors.torch import save_file
+
+        device = next(self.parameters()).device
+        gallery = torch.zeros(self.num_photos, self.embed_dim)
+        present = torch.zeros(self.num_photos, dtype=torch.bool)
+        for split in (splits.train, splits.val, splits.test):
+            ids = split.targets.long()
+            uniq, first = _first_occurrence(ids)
+            for chunk in torch.split(torch.arange(len(uniq)), 256):
+                photos = split.images[first[chunk], -3:].to(device)
+                photos = photos.float().div(255.0) if photos.dtype == torch.uint8 else photos.float()
+                gallery[uniq[chunk]] = self.photo_net(photos).float().cpu()
+            present[uniq] = True
+        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        tensors["gallery"] = gallery
+        tensors["present"] = present
+        meta = {
+            "format": PHASE1_FORMAT,
+            "dataset": str(getattr(splits, "name", "")),
+            "num_photos": str(self.num_photos),
+            "embed_dim": str(self.embed_dim),
+            "completion_steps": str(self.steps),
+            "model_config": json.dumps(asdict(self.cfg)),
+        }
+        path = Path(run_dir) / PHASE1_FILE
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+        return [path]
+
+
+def _first_occurrence(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted unique values of ``ids`` and the index of each one's first occurrence."""
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    first = torch.full((len(uniq),), len(ids), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(ids)), reduce="amin")
+    return uniq, first
+
+
+class Phase1(nn.Module):
+    """The frozen phase-1 networks and gallery that phase-2 methods read. Always in eval mode (BatchNorm uses
+    its running statistics), no parameter is trained."""
+
+    def __init__(self, triplet: TripletNetwork, gallery: Tensor, present: Tensor) -> None:
+        super().__init__()
+        self.net = triplet
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        self.register_buffer("gallery", gallery)  # e_i of every photo (D,)
+        self.register_buffer("present", present)
+        self.net.eval()
+
+    def train(self, mode: bool = True) -> Phase1:
+        super().train(False)
+        return self
+
+
+def load_phase1(path: str | os.PathLike, info: DataInfo) -> Phase1:
+    """Read a ``phase1.safetensors`` artifact (or the run folder holding it) and check it fits ``info``."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / PHASE1_FILE
+    if not str(path):
+        raise ValueError("model.phase1 is empty: give the phase1.safetensors written by a darp_triplet run")
+    if not p.is_file():
+        raise FileNotFoundError(f"model.phase1: {p} not found; train phase 1 first (method darp_triplet)")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    except Exception as err:  # a truncated or foreign file
+        raise ValueError(f"{p}: not a readable safetensors file ({type(err).__name__}: {err})") from None
+    if meta.get("format") != PHASE1_FORMAT:
+        raise ValueError(f"{p}: format {meta.get('format')!r}, expected {PHASE1_FORMAT!r} (a darp_triplet artifact)")
+    if int(meta["num_photos"]) != info.num_classes:
+        raise ValueError(
+            f"{p}: written for {meta['num_photos']} photos (dataset {meta.get('dataset')!r}) but this dataset has "
+            f"{info.num_classes}: phase 1 and phase 2 must use the same dataset"
+        )
+    if int(meta["completion_steps"]) != completion_steps(info):
+        raise ValueError(
+            f"{p}: written for {meta['completion_steps']} completion steps, the data has {completion_steps(info)}"
+        )
+    cfg = TripletConfig(**json.loads(meta["model_config"]))
+    triplet = TripletNetwork(cfg, info)
+    state = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    try:
+        triplet.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"{p}: the networks do not match their recorded config: {err}") from None
+    return Phase1(triplet, tensors["gallery"].float(), tensors["present"].bool())
+
+
+# --------------------------------------------------------------------------------------------- phase 2
+
+
+@dataclass
+class DARPConfig:
+    """The ``model:`` section of ``method: darp`` (phase 2). Defaults follow the paper (section IV-C)."""
+
+    phase1: str = ""  # phase1.safetensors of a darp_triplet run (or that run's folder)
+    glimpse_size: int = 8  # 8 x 8 glimpses of the 64 x 64 sketch
+    num_scales: int = 2  # retina: patches of side g, 2g, ... (each downsampled to g x g)
+    scale_factor: float = 2.0
+    glimpses_per_step: int = 12  # glimpses per partial sketch
+    glimpse_hidden: int = 128
+    loc_hidden: int = 128
+    glimpse_dim: int = 128  # g_t
+    core: str = "lstm"  # rnn | lstm
+    hidden_size: int = 256  # h_t
+    h0: str = "sketch_embedding"  # zeros | sketch_embedding: a linear map of the phase-1 embedding of partial 1
+    locator: str = "bootstrap"  # bootstrap: K Gaussian heads (DARP) | dqn: bootstrapped DQN over a grid
+    num_heads: int = 6  # K
+    mask_prob: float = 0.5  # p of the bootstrap masks omega ~ Bernoulli(p)^K
+    bootstrap_update: str = "all"  # all: every head learns from its masked share | acting: only the acting head
+    std: list[float] = field(default_factory=lambda: [0.3, 0.3])  # (sigma_x, sigma_y) at the start
+    std_final: list[float] | None = field(default_factory=lambda: [0.05, 0.05])  # linearly shrunk to this
+    eta_alpha: float = 0.02  # eta_t = 1 / (1 + exp(-alpha t + beta)), t = training step (eq. 5)
+    eta_beta: float = -2.0
+    reward: str = "threshold"  # threshold: 1[1/rank >= eta_t] (eq. 3) | inverse_rank: 1/rank
+    gamma: float = 0.9  # discount of eq. 6
+    baseline: bool = False  # learned baseline b(h_t) (off in the paper)
+    supervised_weight: float = 1.0
+    reinforce_weight: float = 1.0
+    # bootstrapped-DQN locator
+    grid: int = 8  # locations = centres of a grid x grid partition
+    epsilon: float = 0.5
+    epsilon_final: float = 0.05
+    target_sync: int = 100  # optimiser steps between target-network syncs
+    augment_degrees: float = 10.0  # random rotation of the sketch while training
+    select_on: str = "auir"
+
+
+@register_method("darp")
+class DARP(SketchRetrievalMethod):
+    Config = DARPConfig
+
+    def __init__(self, cfg: DARPConfig, info: DataInfo, phase1: Phase1) -> None:
+        super().__init__()
+        for name, value, allowed in (
+            ("locator", cfg.locator, ("bootstrap", "dqn")),
+            ("h0", cfg.h0, ("zeros", "sketch_embedding")),
+            ("reward", cfg.reward, ("threshold", "inverse_rank")),
+            ("bootstrap_update", cfg.bootstrap_update, ("all", "acting")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if cfg.glimpses_per_step < 1:
+            raise ValueError(f"model.glimpses_per_step must be >= 1, got {cfg.glimpses_per_step}")
+        self.cfg = cfg
+        self.steps = completion_steps(info)
+        self.phase1 = phase1
+        self.embed_dim = phase1.gallery.shape[1]
+        self.sensor = GlimpseSensor(cfg.glimpse_size, cfg.num_scales, cfg.scale_factor, "area")
+        self.glimpse = GlimpseNetwork(self.sensor.out_features, cfg.glimpse_hidden, cfg.loc_hidden, cfg.glimpse_dim)
+        self.core = CoreNetwork(cfg.core, cfg.glimpse_dim, cfg.hidden_size)
+        self.action_net = nn.Sequential(
+            nn.Linear(cfg.hidden_size, cfg.hidden_size), nn.ReLU(), nn.Linear(cfg.hidden_size, self.embed_dim)
+        )  # ACTN
+        self.h0_proj = nn.Linear(self.embed_dim, cfg.hidden_size) if cfg.h0 == "sketch_embedding" else None
+        if cfg.locator == "bootstrap":
+            self.locator = MultiHeadGaussianPolicy(cfg.hidden_size, cfg.num_heads, 2, cfg.std)
+            self.std_schedule = [LinearSchedule(s, None if cfg.std_final is None else e) for s, e in _pairs(cfg)]
+        else:
+            self.q_heads = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.grid**2)
+            self.q_target = TargetNetwork(self.q_heads)
+            self.epsilon_schedule = LinearSchedule(cfg.epsilon, cfg.epsilon_final)
+            self.epsilon = cfg.epsilon
+            c = (torch.arange(cfg.grid, dtype=torch.float32) + 0.5) / cfg.grid * 2.0 - 1.0
+            gy, gx = torch.meshgrid(c, c, indexing="ij")
+            self.register_buffer("cells", torch.stack((gx.flatten(), gy.flatten()), -1), persistent=False)
+        self.value = LearnedBaseline(cfg.hidden_size, init_value=0.0) if cfg.baseline else None
+        self.eta = SigmoidThreshold(cfg.eta_alpha, cfg.eta_beta)
+        self.register_buffer("step_count", torch.zeros((), dtype=torch.long))
+        # gallery row of each photo among the training photos (-1: not a training photo); set by on_fit_start
+        self.register_buffer("train_row", torch.full((info.num_classes,), -1, dtype=torch.long))
+        self._set_selection(cfg.select_on)
+
+    @classmethod
+    def from_config(cls, cfg: DARPConfig, info: DataInfo) -> DARP:
+        return cls(cfg, info, load_phase1(cfg.phase1, info))
+
+    def on_fit_start(self, splits: Any) -> None:
+        ids = torch.unique(splits.train.targets.long())
+        if not bool(self.phase1.present[ids].all()):
+            raise ValueError("model.phase1: the artifact has no embedding for some training photos")
+        row = torch.full_like(self.train_row, -1)
+        row[ids] = torch.arange(len(ids))
+        self.train_row.copy_(row)
+
+    def set_progress(self, progress: float) -> None:
+        if self.cfg.locator == "bootstrap":
+            self.locator.std = tuple(s(progress) for s in self.std_schedule)
+        else:
+            self.epsilon = self.epsilon_schedule(progress)
+
+    # ---------------------------------------------------------------- the episode
+    def initial_state(self, sketches: Tensor):
+        B = sketches.shape[0]
+        state = self.core.initial_state(B, sketches)
+        if self.h0_proj is None:
+            return state
+        with torch.no_grad():
+            e = self.phase1.net.embed_sketches(sketches[:, :1])[:, 0]  # phase-1 embedding of partial 1
+        h = torch.tanh(self.h0_proj(e))
+        return h if self.cfg.core == "rnn" else (h, torch.zeros_like(h))
+
+    def _q(self, h: Tensor, target: bool = False) -> Tensor:
+        net = self.q_target if target else self.q_heads
+        return net(h).unflatten(-1, (self.cfg.num_heads, self.cfg.grid**2))  # (..., K, A)
+
+    def episode(self, sketches: Tensor, deterministic: bool = False, generator: torch.Generator | None = None):
+        """sketches ``(B, S, H, W)`` in [0, 1] -> dict of hidden states ``(B, T, F)``, embeddings a_t
+        ``(B, T, D)``, locations ``(B, T, 2)`` (v used by each glimpse), the actions (v_1..v_{T-1}) and, for the
+        DQN locator, their cell indices. T = S * glimpses_per_step."""
+        cfg = self.cfg
+        B, S = sketches.shape[:2]
+        T = S * cfg.glimpses_per_step
+        state = self.initial_state(sketches)
+        loc = sketches.new_zeros(B, 2)  # v_0: the centre
+        head = None
+        if not deterministic:
+            head = sample_heads(B, cfg.num_heads, generator, sketches.device)  # fixed for the episode
+        hs, locs, cells = [], [], []
+        t = 0
+        for s in range(S):
+            prepared = self.sensor.prepare(sketches[:, s : s + 1])  # the partial sketch available now
+            for _ in range(cfg.glimpses_per_step):
+                locs.append(loc)
+                g_t = self.glimpse(self.sensor.extract(prepared, loc, sketches.dtype), loc)  # g_t
+                h, state = self.core(g_t, state)  # h_t = RNN(h_{t-1}, g_t)
+                hs.append(h)
+                t += 1
+                if t < T:
+                    loc, cell = self._act(h.detach(), head, deterministic, generator)
+                    if cell is not None:
+                        cells.append(cell)
+        H = torch.stack(hs, 1)
+        out = {"hidden": H, "embedding": self.action_net(H), "locations": torch.stack(locs, 1), "head": head}
+        out["actions"] = out["locations"][:, 1:]
+        if cells:
+            out["cells"] = torch.stack(cells, 1)
+        return out
+
+    def _act(self, h: Tensor, head: Tensor | None, deterministic: bool, generator) -> tuple[Tensor, Tensor | None]:
+        if self.cfg.locator == "bootstrap":
+            return self.locator(h, head, deterministic, generator).action, None
+        q = self._q(h)  # (B, K, A)
+        if head is None:
+            cell = q.mean(1).argmax(-1)  # ensemble of the heads at evaluation
+        else:
+            q_k = q.gather(1, head.view(-1, 1, 1).expand(-1, 1, q.shape[-1])).squeeze(1)
+            cell = q_k.argmax(-1)
+            if not deterministic and self.epsilon > 0:
+                explore = torch.rand(len(h), generator=generator, device=h.device) < self.epsilon
+                uniform = torch.randint(q.shape[-1], cell.shape, generator=generator, device=h.device)
+                cell = torch.where(explore, uniform, cell)
+        return self.cells[cell], cell
+
+    # ---------------------------------------------------------------- training
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        cfg = self.cfg
+        sketches, _ = split_layout(images)
+        if cfg.augment_degrees > 0:
+            sketches, _ = random_rotate_flip(sketches, cfg.augment_degrees, 0.0)
+        ep = self.episode(sketches)
+        a, H = ep["embedding"], ep["hidden"]
+        e = self.phase1.gallery[targets]  # e_i, (B, D)
+        supervised = (a - e[:, None]).pow(2).sum(-1).mean()  # ||a_t - e_i||^2
+        rows = self.train_row[targets]
+        if bool((rows < 0).any()):
+            raise ValueError("a training item's photo is not in the training gallery (on_fit_start not called?)")
+        gallery = self.phase1.gallery[self.train_row >= 0]  # training photos, in photo order = row order
+        ranks = true_ranks(a.detach(), gallery, rows)  # (B, T), ties count against
+        eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)  # eq. 5, no host sync
+        if cfg.reward == "threshold":
+            R = (1.0 / ranks.float() >= eta).float()  # eq. 3
+        else:
+            R = 1.0 / ranks.float()
+        G = discounted_returns(R[:, 1:], cfg.gamma)  # return of action v_t: R_{t+1} + gamma R_{t+2} + ...
+        h_act = H[:, :-1].detach()
+        b = self.value(h_act) if self.value is not None else None
+        B, T1 = G.shape
+        masks = bootstrap_masks((B, T1), cfg.num_heads, cfg.mask_prob, device=images.device)  # fresh per experience
+        if cfg.bootstrap_update == "acting":
+            masks = masks * F.one_hot(ep["head"], cfg.num_heads).to(masks.dtype)[:, None]
+        if cfg.locator == "bootstrap":
+            log_pi = self.locator.log_prob_all(ep["actions"], h_act)  # (B, T-1, K)
+            rl = bootstrapped_reinforce_loss(log_pi, G, masks, b) / T1  # eq. 8, per head on its masked share
+        else:
+            q = self._q(h_act)  # (B, T-1, K, A)
+            with torch.no_grad():
+                q_next = self._q(H[:, 1:].detach(), target=True).max(-1).values  # (B, T-1, K)
+                last = torch.zeros_like(R[:, 1:])
+                last[:, -1] = 1.0
+                # y_t = R_{t+1} + gamma max_a Q_target(h_{t+1}, a); h_T ends the episode
+                y = R[:, 1:, None] + cfg.gamma * (1.0 - last[..., None]) * q_next
+            rl = bootstrapped_q_loss(q.flatten(0, 1), ep["cells"].flatten(), y.flatten(0, 1), masks.flatten(0, 1))
+        loss = cfg.supervised_weight * supervised + cfg.reinforce_weight * rl
+        terms = {"supervised": supervised, "rl": rl}
+        if b is not None:
+            terms["baseline"] = baseline_loss(b, G)
+            loss = loss + terms["baseline"]
+        if self.training:
+            self.step_count += 1
+            if cfg.locator == "dqn" and int(self.step_count) % cfg.target_sync == 0:
+                self.q_target.sync(self.q_heads)
+        per_step = ranks[:, cfg.glimpses_per_step - 1 :: cfg.glimpses_per_step].float()  # end of each completion step
+        return StepOutput(
+            loss,
+            terms=terms,
+            stats={
+                "reward": R.mean(),
+                "eta": eta,
+                "train_auir": (1.0 / per_step).mean(),
+                "train_acc@5": (per_step[:, -1] <= 5).float().mean(),
+            },
+        )
+
+    @torch.no_grad()
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        """Sketch embedding after each completion step with the mean locations of the heads' ensemble (or the
+        average over ``mc_samples`` sampled episodes), and the phase-1 photo embedding."""
+        sketches, photos = split_layout(images)
+        G = self.cfg.glimpses_per_step
+        if mc_samples <= 0:
+            a = self.episode(sketches, deterministic=True)["embedding"][:, G - 1 :: G]
+        else:
+            a = sum(self.episode(sketches, False, generator)["embedding"][:, G - 1 :: G] for _ in range(mc_samples))
+            a = a / mc_samples
+        return self.pack(a, self.phase1.net.photo_net(photos))
+
+    @torch.no_grad()
+    def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
+        from rlattention.vision.plot import plot_glimpses
+
+        sketches, _ = split_layout(images)
+        ep = self.episode(sketches, deterministic=True)
+        G, S = self.cfg.glimpses_per_step, self.steps
+        sides = [self.cfg.glimpse_size * self.cfg.scale_factor**k for k in range(self.cfg.num_scales)]
+        paths = []
+        for i in range(len(images)):
+            for s in sorted({max(0, S // 4 - 1), S // 2 - 1, S - 1}):
+                locs = ep["locations"][i, s * G : (s + 1) * G]
+                prepared = self.sensor.prepare(sketches[i : i + 1, s : s + 1].expand(G, -1, -1, -1))
+                patches = self.sensor.extract(prepared, locs, sketches.dtype)
+                path = Path(out_dir) / f"glimpses_{i:03d}_step{s + 1:02d}.png"
+                title = f"photo {int(targets[i])}, completion {s + 1}/{S}"
+                plot_glimpses(sketches[i, s : s + 1], locs, patches, sides, path, title=title)
+                paths.append(path)
+        return paths
+
+
+def _pairs(cfg: DARPConfig) -> list[tuple[float, float]]:
+    std = list(cfg.std)
+    end = list(cfg.std_final) if cfg.std_final is not None else std
+    if len(std) != 2 or len(end) != 2:
+        raise ValueError(f"model.std and model.std_final must be [sigma_x, sigma_y], got {cfg.std}, {cfg.std_final}")
+    return list(zip(std, end, strict=True))
+
+
+# --------------------------------------------------------------------------------------------- policy baselines
+
+
+@dataclass
+class PolicyConfig:
+    """The ``model:`` section of ``method: darp_policy`` (triplet + vanilla RL / triplet + PPO)."""
+
+    phase1: str = ""
+    algorithm: str = "reinforce"  # reinforce (vanilla RL) | ppo
+    hidden_size: int = 256
+    recurrent: bool = False  # a GRU over the completion steps (false: each step from its own features)
+    std: float = 0.05  # sigma of the Gaussian over the embedding
+    std_final: float | None = None
+    reward: str = "inverse_rank"  # inverse_rank: 1/rank (Sketch Less for More) | threshold: eq. 3 with eta_t
+    eta_alpha: float = 0.02
+    eta_beta: float = -2.0
+    gamma: float = 0.9
+    ppo_clip: float = 0.2
+    ppo_memory: int = 8  # batches of experience kept in the replay memory
+    value_weight: float = 0.5
+    select_on: str = "auir"
+
+
+@register_method("darp_policy")
+class EmbeddingPolicy(SketchRetrievalMethod):
+    """pi(a_s | x_s) = N(e_psi(x_s) + f(x_s), sigma^2 I): a residual on the phase-1 sketch embedding of the
+    s-th partial sketch, f zero at the start, so RL starts from the triplet network and learns to move the
+    partial-sketch embeddings towards ranking their photo first."""
+
+    Config = PolicyConfig
+
+    def __init__(self, cfg: PolicyConfig, info: DataInfo, phase1: Phase1) -> None:
+        super().__init__()
+        if cfg.algorithm not in ("reinforce", "ppo"):
+            raise ValueError(f"model.algorithm must be 'reinforce' or 'ppo', got {cfg.algorithm!r}")
+        if cfg.reward not in ("threshold", "inverse_rank"):
+            raise ValueError(f"model.reward must be 'threshold' or 'inverse_rank', got {cfg.reward!r}")
+        self.cfg = cfg
+        self.steps = completion_steps(info)
+        self.phase1 = phase1
+        self.embed_dim = D = phase1.gallery.shape[1]
+        c = phase1.net.sketch_net.out_features
+        self.rnn = nn.GRU(c, cfg.hidden_size, batch_first=True) if cfg.recurrent else None
+        width = cfg.hidden_size if cfg.recurrent else c
+        self.policy = nn.Sequential(nn.Linear(width, cfg.hidden_size), nn.ReLU(), nn.Linear(cfg.hidden_size, D))
+        nn.init.zeros_(self.policy[-1].weight)
+        nn.init.zeros_(self.policy[-1].bias)
+        self.value = nn.Sequential(nn.Linear(width, cfg.hidden_size), nn.ReLU(), nn.Linear(cfg.hidden_size, 1))
+        self.std_schedule = LinearSchedule(cfg.std, cfg.std_final)
+        self.std = cfg.std
+        self.eta = SigmoidThreshold(cfg.eta_alpha, cfg.eta_beta)
+        self.register_buffer("step_count", torch.zeros((), dtype=torch.long))
+        self.register_buffer("train_row", torch.full((info.num_classes,), -1, dtype=torch.long))
+        self.memory: deque[dict[str, Tensor]] = deque(maxlen=max(1, cfg.ppo_memory))
+        self._set_selection(cfg.select_on)
+
+    @classmethod
+    def from_config(cls, cfg: PolicyConfig, info: DataInfo) -> EmbeddingPolicy:
+        return cls(cfg, info, load_phase1(cfg.phase1, info))
+
+    on_fit_start = DARP.on_fit_start
+
+    def set_progress(self, progress: float) -> None:
+        self.std = self.std_schedule(progress)
+
+    def _state(self, sketches: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        with torch.no_grad():
+            feats = self.phase1.net.sketch_features(sketches)  # (B, S, c), frozen
+            base = self.phase1.net.sketch_net.embed(feats)  # the triplet network's embedding
+        return (self.rnn(feats)[0] if self.rnn is not None else feats), base, feats
+
+    def _mean(self, state: Tensor, base: Tensor) -> Tensor:
+        return base + self.policy(state)
+
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        cfg = self.cfg
+        sketches, _ = split_layout(images)
+        state, base, feats = self._state(sketches)
+        mu = self._mean(state, base)  # (B, S, D)
+        action = (mu + self.std * torch.randn_like(mu)).detach()
+        rows = self.train_row[targets]
+        gallery = self.phase1.gallery[self.train_row >= 0]
+        ranks = true_ranks(action, gallery, rows)  # (B, S)
+        eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)
+        R = (1.0 / ranks.float() >= eta).float() if cfg.reward == "threshold" else 1.0 / ranks.float()
+        G = discounted_returns(R, cfg.gamma)  # (B, S)
+        value = self.value(state.detach()).squeeze(-1)
+        log_pi = gaussian_log_prob(action, mu, self.std)  # (B, S)
+        if cfg.algorithm == "reinforce":
+            b = leave_one_out_baseline(G, dim=0)  # REINFORCE with a leave-one-out reinforcement baseline
+            rl = -((G - b).detach() * log_pi).sum(1).mean() / self.steps
+            v_loss = F.mse_loss(value, G)
+        else:
+            # replay memory: experience of the last ppo_memory batches, with the log-probs of the policy that
+            # acted; the states are recomputed from the stored (frozen) features under the current weights
+            self.memory.append({"feats": feats, "base": base, "action": action, "log_pi": log_pi.detach(), "G": G})
+            mem = {k: torch.cat([m[k] for m in self.memory]) for k in self.memory[0]}
+            state_m = self.rnn(mem["feats"])[0] if self.rnn is not None else mem["feats"]
+            mu_m = self._mean(state_m, mem["base"])
+            v_m = self.value(state_m).squeeze(-1)
+            adv = mem["G"] - v_m.detach()
+            rl = ppo_clip_loss(gaussian_log_prob(mem["action"], mu_m, self.std), mem["log_pi"], adv, cfg.ppo_clip)
+            v_loss = F.mse_loss(v_m, mem["G"])
+        if self.training:
+            self.step_count += 1
+        loss = rl + cfg.value_weight * v_loss
+        return StepOutput(
+            loss,
+            terms={"rl": rl, "value": v_loss},
+            stats={"reward": R.mean(), "train_auir": (1.0 / ranks.float()).mean(), "eta": eta},
+        )
+
+    @torch.no_grad()
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        sketches, photos = split_layout(images)
+        state, base, _ = self._state(sketches)
+        return self.pack(self._mean(state, base), self.phase1.net.photo_net(photos))

@@ -1,0 +1,183 @@
+"""DARP and its baselines on a tiny synthetic sketch-retrieval task (the real readers are tested in
+tests/data): phase 1 trains and writes its artifact, phase 2 reads it; gradients go where the paper says
+(locator by the policy gradient only, glimpse/RNN/action networks by the supervised loss only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.engine.checkpoint import load_checkpoint_file
+from rlattention.engine.config import from_dict
+from rlattention.engine.method import DataInfo
+from rlattention.engine.trainer import fit
+from rlattention.methods.darp import DARP, DARPConfig, EmbeddingPolicy, PolicyConfig, load_phase1
+
+S, SIDE, PHOTOS = 3, 32, 12
+
+
+def synthetic_splits(seed: int = 0) -> DataSplits:
+    """Each photo i has a distinct bar pattern; its sketches are noisy copies drawn progressively."""
+    g = torch.Generator().manual_seed(seed)
+    base = (torch.rand(PHOTOS, SIDE, SIDE, generator=g) > 0.85).float()
+
+    def items(photo_ids: list[int]) -> ArrayDataset:
+        n = len(photo_ids)
+        ids = torch.tensor(photo_ids)
+        full = base[ids] * (torch.rand(n, SIDE, SIDE, generator=g) > 0.2).float()
+        keep = torch.linspace(0.3, 1.0, S)
+        order = torch.rand(n, 1, SIDE, SIDE, generator=g)
+        partial = full[:, None] * (order <= keep[None, :, None, None]).float()  # ink grows with the step
+        photo = base[ids][:, None].expand(-1, 3, -1, -1) * torch.tensor([1.0, 0.5, 0.25])[None, :, None, None]
+        images = (torch.cat((partial, photo), 1) * 255).to(torch.uint8)
+        return ArrayDataset(images, ids)
+
+    train = items([i % 8 for i in range(48)])
+    val = items([8 + i % 2 for i in range(8)])
+    test = items([10 + i % 2 for i in range(8)])
+    return DataSplits(train, val, test, PHOTOS, name="synthetic_sketches")
+
+
+def run(tmp_path: Path, method: str, model: dict, name: str, steps: int = 3) -> dict:
+    cfg = from_dict(
+        {
+            "method": method,
+            "data": {"name": "synthetic"},
+            "model": model,
+            "trainer": {
+                "out_dir": str(tmp_path),
+                "run_name": name,
+                "max_steps": steps,
+                "batch_size": 16,
+                "eval_batch_size": 16,
+                "progress": False,
+                "num_threads": 1,
+            },
+            "eval": {"viz_images": 1},
+        }
+    )
+    return fit(cfg, splits=synthetic_splits())
+
+
+@pytest.fixture(scope="module")
+def phase1(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("darp")
+    report = run(tmp, "darp_triplet", {"channels": [8, 16], "augment_degrees": 5.0}, "p1", steps=4)
+    assert report["artifacts"] == [str(tmp / "p1" / "phase1.safetensors")]
+    assert set(report["test"]) >= {"acc@1", "acc@5", "acc@10", "auir", "percentile", "count", "gallery"}
+    assert report["test"]["gallery"] == 2 and report["test"]["count"] == 8
+    return tmp / "p1" / "phase1.safetensors"
+
+
+def small_darp(phase1: Path, **kw) -> dict:
+    return {"phase1": str(phase1), "glimpses_per_step": 2, "hidden_size": 32, "glimpse_dim": 16, **kw}
+
+
+def test_phase1_artifact(phase1):
+    info = DataInfo((S + 3, SIDE, SIDE), PHOTOS)
+    p1 = load_phase1(phase1, info)
+    assert p1.gallery.shape == (PHOTOS, 64) and bool(p1.present.all())
+    assert torch.allclose(p1.gallery.norm(dim=1), torch.ones(PHOTOS), atol=1e-5)
+    assert not any(p.requires_grad for p in p1.parameters())
+    with pytest.raises(ValueError, match="13 photos|written for 12 photos"):
+        load_phase1(phase1, DataInfo((S + 3, SIDE, SIDE), PHOTOS + 1))
+    with pytest.raises(FileNotFoundError, match="train phase 1 first"):
+        load_phase1(phase1.parent / "missing.safetensors", info)
+    bad = phase1.parent / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="bad.safetensors"):
+        load_phase1(bad, info)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {},
+        {"baseline": True, "core": "rnn", "h0": "zeros"},
+        {"locator": "dqn", "grid": 4, "target_sync": 1},
+        {"reward": "inverse_rank", "bootstrap_update": "acting"},
+    ],
+    ids=["darp", "darp_baseline_rnn", "bootstrapped_dqn", "inverse_rank_acting"],
+)
+def test_phase2_smoke_fit_and_eval(tmp_path, phase1, model):
+    report = run(tmp_path, "darp", small_darp(phase1, **model), "p2")
+    assert report["steps"] == 3 and 0.0 <= report["test"]["auir"] <= 1.0
+    assert any(p.endswith("_step03.png") for p in report["figures"])
+    ckpt = load_checkpoint_file(tmp_path / "p2" / "checkpoints" / "last.ckpt")  # weights only
+    loaded = DARP.from_config(DARPConfig(**ckpt["config"]["model"]), DataInfo((S + 3, SIDE, SIDE), PHOTOS))
+    loaded.load_state_dict(ckpt["model"])
+    assert int(loaded.step_count) == 3
+    assert (loaded.train_row >= 0).sum() == 8  # the training gallery survives the checkpoint
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
+def test_policy_baselines_smoke_fit(tmp_path, phase1, algorithm):
+    report = run(tmp_path, "darp_policy", {"phase1": str(phase1), "algorithm": algorithm, "hidden_size": 16}, "pb")
+    assert report["steps"] == 3 and 0.0 <= report["test"]["auir"] <= 1.0
+
+
+def test_policy_baseline_starts_at_the_triplet_network(tmp_path, phase1):
+    """The residual starts at zero: before training the policy predicts exactly the phase-1 embeddings."""
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = EmbeddingPolicy.from_config(PolicyConfig(phase1=str(phase1)), info).eval()
+    images = splits.test.images[:4].float() / 255
+    pred = model.predict(images)
+    expected = model.phase1.net.predict(images)
+    assert torch.allclose(pred, expected, atol=1e-6)
+
+
+def test_gradients_follow_the_hybrid_loss(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    torch.manual_seed(0)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, reward="inverse_rank")), info)
+    model.on_fit_start(splits)
+    images, targets = splits.train.images[:8].float() / 255, splits.train.targets[:8]
+    out = model(images, targets)
+    assert torch.isfinite(out.loss)
+    out.terms["rl"].backward(retain_graph=True)
+    assert model.locator.fc.weight.grad.abs().sum() > 0
+    for net in (model.glimpse, model.core, model.action_net):
+        assert all(p.grad is None or p.grad.abs().sum() == 0 for p in net.parameters())
+    model.zero_grad()
+    out.terms["supervised"].backward()
+    assert model.locator.fc.weight.grad is None or model.locator.fc.weight.grad.abs().sum() == 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.glimpse.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.core.parameters())
+    assert all(p.grad is None for p in model.phase1.parameters())  # phase 1 stays frozen
+
+
+def test_eta_and_step_counter_and_deterministic_predict(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1)), info)
+    model.on_fit_start(splits)
+    images, targets = splits.train.images[:4].float() / 255, splits.train.targets[:4]
+    out = model(images, targets)
+    assert out.stats["eta"].item() == pytest.approx(model.eta(0), abs=1e-6)
+    model(images, targets)
+    assert int(model.step_count) == 2
+    model.eval()
+    a, b = model.predict(images), model.predict(images)
+    assert torch.equal(a, b) and a.shape == (4, S * 64 + 64)
+    # the embedding reported for a completion step is a_t at its last glimpse
+    ep = model.episode(images[:, :S], deterministic=True)
+    assert torch.allclose(a[:, :64], ep["embedding"][:, 1], atol=1e-6)
+    assert ep["locations"].shape == (4, S * 2, 2) and torch.equal(ep["locations"][:, 0], torch.zeros(4, 2))
+
+
+def test_training_item_outside_gallery_is_an_error(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1)), info)
+    model.on_fit_start(splits)
+    with pytest.raises(ValueError, match="training gallery"):
+        model(splits.test.images[:2].float() / 255, splits.test.targets[:2])
+    with pytest.raises(ValueError, match="model.locator"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, locator="ppo")), info)
+    assert json.loads(json.dumps({"ok": 1}))
