@@ -111,7 +111,11 @@ def _format_metrics(m: dict) -> str:
     """``accuracy 97.90% (error 2.10%)`` for classification, ``mAP 61.2%, CF1 ...`` for multi-label."""
     if "accuracy" in m:
         return f"accuracy {100 * m['accuracy']:.2f}% (error {m['error']:.2f}%)"
-    return ", ".join(f"{k} {100 * v:.1f}%" for k, v in m.items() if k != "count")
+    counts = ("count", "gallery", "mean_rank")  # not fractions
+    text = ", ".join(f"{k} {100 * v:.1f}%" for k, v in m.items() if k not in counts)
+    if "mean_rank" in m:
+        text += f", mean rank {m['mean_rank']:.1f} of {int(m.get('gallery', 0))}"
+    return text
 
 
 def _eval(args) -> int:

@@ -75,7 +75,7 @@ def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path) -> Path:
     if cfg.data.name == "coco":
         argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))] + ["data.val_size=8"]
     if cfg.data.name in ("qmul_chairv2", "omniglot_sketch"):
-        argv += ["data.val_size=4", "data.image_size=32", "data.completion_steps=4"]
+        argv += ["data.val_size=4", "data.image_size=32", "data.completion_steps=4", f"data.render_cache={tmp_path}"]
     assert main(argv + extra) == 0
     report = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert report["steps"] == 2 and report["test"]["count"] > 0

@@ -229,7 +229,7 @@ def fit(
     method_cls = get_method(cfg.method)
     model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes))
     model.on_fit_start(splits)
-    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg.optim)
+    optimizer = make_optimizer(model.parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
     loader = BatchLoader(
         splits.train, tc.batch_size, True, tc.seed, fabric.global_rank, fabric.world_size, True, fabric.device
     )

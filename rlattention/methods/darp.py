@@ -270,7 +270,8 @@ class TripletNetwork(SketchRetrievalMethod):
                 photos = photos.float().div(255.0) if photos.dtype == torch.uint8 else photos.float()
                 gallery[uniq[chunk]] = self.photo_net(photos).float().cpu()
             present[uniq] = True
-        tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        # clone: with a shared backbone the sketch and photo networks are one module listed twice
+        tensors = {f"model.{k}": v.detach().cpu().clone().contiguous() for k, v in self.state_dict().items()}
         tensors["gallery"] = gallery
         tensors["present"] = present
         meta = {
@@ -370,6 +371,7 @@ class DARPConfig:
     core: str = "lstm"  # rnn | lstm
     hidden_size: int = 256  # h_t
     h0: str = "sketch_embedding"  # zeros | sketch_embedding: a linear map of the phase-1 embedding of partial 1
+    context: bool = False  # (not in the paper) also feed the phase-1 embedding of the current partial into g_t
     locator: str = "bootstrap"  # bootstrap: K Gaussian heads (DARP) | dqn: bootstrapped DQN over a grid
     num_heads: int = 6  # K
     mask_prob: float = 0.5  # p of the bootstrap masks omega ~ Bernoulli(p)^K
@@ -406,8 +408,18 @@ class DARP(SketchRetrievalMethod):
         ):
             if value not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
-        if cfg.glimpses_per_step < 1:
-            raise ValueError(f"model.glimpses_per_step must be >= 1, got {cfg.glimpses_per_step}")
+        for name, value, ok, what in (
+            ("glimpses_per_step", cfg.glimpses_per_step, cfg.glimpses_per_step >= 1, ">= 1"),
+            ("num_heads", cfg.num_heads, cfg.num_heads >= 1, ">= 1"),
+            ("mask_prob", cfg.mask_prob, 0.0 < cfg.mask_prob <= 1.0, "in (0, 1]"),
+            ("gamma", cfg.gamma, 0.0 < cfg.gamma <= 1.0, "in (0, 1]"),
+            ("grid", cfg.grid, cfg.grid >= 1, ">= 1"),
+            ("epsilon", cfg.epsilon, 0.0 <= cfg.epsilon <= 1.0, "in [0, 1]"),
+            ("epsilon_final", cfg.epsilon_final, 0.0 <= cfg.epsilon_final <= 1.0, "in [0, 1]"),
+            ("target_sync", cfg.target_sync, cfg.target_sync >= 1, ">= 1"),
+        ):
+            if not ok:
+                raise ValueError(f"model.{name} must be {what}, got {value}")
         self.cfg = cfg
         self.steps = completion_steps(info)
         self.phase1 = phase1
@@ -419,6 +431,7 @@ class DARP(SketchRetrievalMethod):
             nn.Linear(cfg.hidden_size, cfg.hidden_size), nn.ReLU(), nn.Linear(cfg.hidden_size, self.embed_dim)
         )  # ACTN
         self.h0_proj = nn.Linear(self.embed_dim, cfg.hidden_size) if cfg.h0 == "sketch_embedding" else None
+        self.context_proj = nn.Linear(self.embed_dim, cfg.glimpse_dim, bias=False) if cfg.context else None
         if cfg.locator == "bootstrap":
             self.locator = MultiHeadGaussianPolicy(cfg.hidden_size, cfg.num_heads, 2, cfg.std)
             self.std_schedule = [LinearSchedule(s, None if cfg.std_final is None else e) for s, e in _pairs(cfg)]
@@ -486,9 +499,16 @@ class DARP(SketchRetrievalMethod):
         t = 0
         for s in range(S):
             prepared = self.sensor.prepare(sketches[:, s : s + 1])  # the partial sketch available now
+            context = None
+            if self.context_proj is not None:  # the triplet network's view of the whole partial sketch
+                with torch.no_grad():
+                    e_s = self.phase1.net.embed_sketches(sketches[:, s : s + 1])[:, 0]
+                context = self.context_proj(e_s)
             for _ in range(cfg.glimpses_per_step):
                 locs.append(loc)
                 g_t = self.glimpse(self.sensor.extract(prepared, loc, sketches.dtype), loc)  # g_t
+                if context is not None:
+                    g_t = F.relu(g_t + context)
                 h, state = self.core(g_t, state)  # h_t = RNN(h_{t-1}, g_t)
                 hs.append(h)
                 t += 1
@@ -529,9 +549,9 @@ class DARP(SketchRetrievalMethod):
         e = self.phase1.gallery[targets]  # e_i, (B, D)
         supervised = (a - e[:, None]).pow(2).sum(-1).mean()  # ||a_t - e_i||^2
         rows = self.train_row[targets]
-        if bool((rows < 0).any()):
+        if rows.device.type == "cpu" and bool((rows < 0).any()):  # (not checked on accelerators: a host sync)
             raise ValueError("a training item's photo is not in the training gallery (on_fit_start not called?)")
-        gallery = self.phase1.gallery[self.train_row >= 0]  # training photos, in photo order = row order
+        gallery = training_gallery(self)
         ranks = true_ranks(a.detach(), gallery, rows)  # (B, T), ties count against
         eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)  # eq. 5, no host sync
         if cfg.reward == "threshold":
@@ -612,6 +632,16 @@ class DARP(SketchRetrievalMethod):
         return paths
 
 
+def training_gallery(model: nn.Module) -> Tensor:
+    """The phase-1 embeddings of the training photos, in photo order (= ``train_row`` order): computed once per
+    device and cached, so the training step does no boolean-mask indexing (a host sync on accelerators)."""
+    key = (model.train_row.device, model.train_row._version, model.phase1.gallery._version)
+    if getattr(model, "_gallery_key", None) != key:
+        model._gallery = model.phase1.gallery[model.train_row >= 0]
+        model._gallery_key = key
+    return model._gallery
+
+
 def _pairs(cfg: DARPConfig) -> list[tuple[float, float]]:
     std = list(cfg.std)
     end = list(cfg.std_final) if cfg.std_final is not None else std
@@ -657,6 +687,15 @@ class EmbeddingPolicy(SketchRetrievalMethod):
             raise ValueError(f"model.algorithm must be 'reinforce' or 'ppo', got {cfg.algorithm!r}")
         if cfg.reward not in ("threshold", "inverse_rank"):
             raise ValueError(f"model.reward must be 'threshold' or 'inverse_rank', got {cfg.reward!r}")
+        for name, value, ok, what in (
+            ("gamma", cfg.gamma, 0.0 < cfg.gamma <= 1.0, "in (0, 1]"),
+            ("std", cfg.std, cfg.std > 0, "> 0"),
+            ("std_final", cfg.std_final, cfg.std_final is None or cfg.std_final > 0, "> 0 (or null)"),
+            ("ppo_clip", cfg.ppo_clip, cfg.ppo_clip > 0, "> 0"),
+            ("ppo_memory", cfg.ppo_memory, cfg.ppo_memory >= 1, ">= 1"),
+        ):
+            if not ok:
+                raise ValueError(f"model.{name} must be {what}, got {value}")
         self.cfg = cfg
         self.steps = completion_steps(info)
         self.phase1 = phase1
@@ -701,7 +740,7 @@ class EmbeddingPolicy(SketchRetrievalMethod):
         mu = self._mean(state, base)  # (B, S, D)
         action = (mu + self.std * torch.randn_like(mu)).detach()
         rows = self.train_row[targets]
-        gallery = self.phase1.gallery[self.train_row >= 0]
+        gallery = training_gallery(self)
         ranks = true_ranks(action, gallery, rows)  # (B, S)
         eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)
         R = (1.0 / ranks.float() >= eta).float() if cfg.reward == "threshold" else 1.0 / ranks.float()
@@ -711,6 +750,9 @@ class EmbeddingPolicy(SketchRetrievalMethod):
         if cfg.algorithm == "reinforce":
             b = leave_one_out_baseline(G, dim=0)  # REINFORCE with a leave-one-out reinforcement baseline
             rl = -((G - b).detach() * log_pi).sum(1).mean() / self.steps
+            v_loss = F.mse_loss(value, G)
+        elif not self.training:  # a forward pass outside training leaves the replay memory alone
+            rl = gaussian_log_prob(action, mu, self.std).new_zeros(())
             v_loss = F.mse_loss(value, G)
         else:
             # replay memory: experience of the last ppo_memory batches, with the log-probs of the policy that

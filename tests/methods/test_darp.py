@@ -73,6 +73,22 @@ def phase1(tmp_path_factory) -> Path:
     return tmp / "p1" / "phase1.safetensors"
 
 
+def test_phase1_shared_backbone_exports_and_loads(tmp_path):
+    report = run(tmp_path, "darp_triplet", {"channels": [8], "shared_backbone": True}, "shared", steps=1)
+    p1 = load_phase1(report["artifacts"][0], DataInfo((S + 3, SIDE, SIDE), PHOTOS))
+    assert p1.net.sketch_net is p1.net.photo_net
+
+
+def test_bad_phase2_config_values_are_named(phase1):
+    info = DataInfo((S + 3, SIDE, SIDE), PHOTOS)
+    for key, value in (("target_sync", 0), ("mask_prob", 0.0), ("gamma", 1.5), ("num_heads", 0), ("epsilon", 2.0)):
+        with pytest.raises(ValueError, match=f"model.{key}"):
+            DARP.from_config(DARPConfig(**small_darp(phase1, **{key: value})), info)
+    for key, value in (("std", 0.0), ("gamma", 2.0), ("ppo_memory", 0)):
+        with pytest.raises(ValueError, match=f"model.{key}"):
+            EmbeddingPolicy.from_config(PolicyConfig(phase1=str(phase1), **{key: value}), info)
+
+
 def small_darp(phase1: Path, **kw) -> dict:
     return {"phase1": str(phase1), "glimpses_per_step": 2, "hidden_size": 32, "glimpse_dim": 16, **kw}
 
@@ -100,8 +116,9 @@ def test_phase1_artifact(phase1):
         {"baseline": True, "core": "rnn", "h0": "zeros"},
         {"locator": "dqn", "grid": 4, "target_sync": 1},
         {"reward": "inverse_rank", "bootstrap_update": "acting"},
+        {"context": True},
     ],
-    ids=["darp", "darp_baseline_rnn", "bootstrapped_dqn", "inverse_rank_acting"],
+    ids=["darp", "darp_baseline_rnn", "bootstrapped_dqn", "inverse_rank_acting", "context"],
 )
 def test_phase2_smoke_fit_and_eval(tmp_path, phase1, model):
     report = run(tmp_path, "darp", small_darp(phase1, **model), "p2")
