@@ -59,3 +59,10 @@ def test_anchor_crop_and_rarl_inference_benchmarks(tmp_path):
     (row,) = results["rarl_inference"]["cases"]  # quick: the CPU-sized model only
     assert row["single_view_ms"] > 0 and row["ten_view_ms"] > 0
     assert (tmp_path / "anchor_crop.md").is_file() and (tmp_path / "rarl_inference.json").is_file()
+
+
+def test_sketch_ranks_benchmark_matches_the_loop(tmp_path):
+    results = run_benchmarks(["sketch_ranks"], tmp_path, threads=1, quick=True)
+    (row,) = results["sketch_ranks"]["cases"]
+    assert row["equal"] and row["speedup"] > 1.0
+    assert (tmp_path / "sketch_ranks.md").read_text().startswith("### sketch_ranks")

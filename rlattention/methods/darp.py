@@ -391,6 +391,7 @@ class DARPConfig:
     epsilon_final: float = 0.05
     target_sync: int = 100  # optimiser steps between target-network syncs
     augment_degrees: float = 10.0  # random rotation of the sketch while training
+    eval_head: int = -1  # evaluation: -1 the mean of the K heads' mean locations (DQN: mean Q) | k: head k alone
     select_on: str = "auir"
 
 
@@ -417,6 +418,7 @@ class DARP(SketchRetrievalMethod):
             ("epsilon", cfg.epsilon, 0.0 <= cfg.epsilon <= 1.0, "in [0, 1]"),
             ("epsilon_final", cfg.epsilon_final, 0.0 <= cfg.epsilon_final <= 1.0, "in [0, 1]"),
             ("target_sync", cfg.target_sync, cfg.target_sync >= 1, ">= 1"),
+            ("eval_head", cfg.eval_head, -1 <= cfg.eval_head < cfg.num_heads, f"in -1..{cfg.num_heads - 1}"),
         ):
             if not ok:
                 raise ValueError(f"model.{name} must be {what}, got {value}")
@@ -492,9 +494,11 @@ class DARP(SketchRetrievalMethod):
         T = S * cfg.glimpses_per_step
         state = self.initial_state(sketches)
         loc = sketches.new_zeros(B, 2)  # v_0: the centre
-        head = None
+        head = None  # deterministic: the ensemble of the heads (eval_head < 0) or one head
         if not deterministic:
             head = sample_heads(B, cfg.num_heads, generator, sketches.device)  # fixed for the episode
+        elif cfg.eval_head >= 0:
+            head = torch.full((B,), cfg.eval_head, dtype=torch.long, device=sketches.device)
         hs, locs, cells = [], [], []
         t = 0
         for s in range(S):

@@ -198,3 +198,19 @@ def test_training_item_outside_gallery_is_an_error(phase1):
     with pytest.raises(ValueError, match="model.locator"):
         DARP.from_config(DARPConfig(**small_darp(phase1, locator="ppo")), info)
     assert json.loads(json.dumps({"ok": 1}))
+
+
+def test_eval_head_selects_one_head_or_the_ensemble(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    x = splits.test.images[:3, :S].float() / 255
+    torch.manual_seed(0)
+    ens = DARP.from_config(DARPConfig(**small_darp(phase1)), info).eval()
+    one = DARP.from_config(DARPConfig(**small_darp(phase1, eval_head=2)), info).eval()
+    one.load_state_dict(ens.state_dict())
+    ep_ens, ep_one = ens.episode(x, deterministic=True), one.episode(x, deterministic=True)
+    means = ens.locator.means(ep_ens["hidden"][:, 0])  # (B, K, 2) after the first glimpse
+    assert torch.allclose(ep_ens["locations"][:, 1], means.mean(1), atol=1e-6)
+    assert torch.allclose(ep_one["locations"][:, 1], means[:, 2], atol=1e-6)
+    with pytest.raises(ValueError, match="model.eval_head"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, eval_head=6)), info)
