@@ -66,3 +66,18 @@ def test_sketch_ranks_benchmark_matches_the_loop(tmp_path):
     (row,) = results["sketch_ranks"]["cases"]
     assert row["equal"] and row["speedup"] > 1.0
     assert (tmp_path / "sketch_ranks.md").read_text().startswith("### sketch_ranks")
+
+
+def test_retrieval_benchmark_matches_the_public_loop(tmp_path):
+    results = run_benchmarks(["retrieval"], tmp_path, threads=1, quick=True, options={"retrieval": {"images": 60}})
+    r = results["retrieval"]
+    assert r["settings"]["images"] == 60 and r["settings"]["captions"] == 300
+    assert not r["settings"]["reference_extrapolated"]  # quick: every query through the loop
+    assert r["reference_mismatched_queries"] == 0
+    for key in ("product_s", "metrics_from_sims_s", "metrics_from_embeddings_s", "reference_s"):
+        assert r[key] > 0
+    assert r["embeddings_over_product"] == r["metrics_from_embeddings_s"] / r["product_s"]
+    assert r["speedup_vs_reference"] > 1.0
+    m = r["metrics"]
+    assert m["rsum"] == m["i2t_r1"] + m["i2t_r5"] + m["i2t_r10"] + m["t2i_r1"] + m["t2i_r5"] + m["t2i_r10"]
+    assert (tmp_path / "retrieval.md").read_text().startswith("### retrieval")

@@ -20,6 +20,7 @@ DATA_FOLDER = {  # dataset -> its folder in the shared data
     "coco": "coco_train2017_subset128",
     "qmul_chairv2": "qmul_chairv2",
     "omniglot_sketch": "omniglot",
+    "digit_scenes": "mnist",
 }
 NOT_HERE = {"cifar10": "CIFAR-10", "svhn_sequences": "SVHN", "svhn_cropped": "SVHN", "voc2007": "Pascal VOC 2007"}
 
@@ -33,17 +34,23 @@ def _phase1_config(artifact: str) -> Path:
     raise AssertionError(f"no config in configs/ has trainer.run_name={run_name!r} (needed for {artifact})")
 
 
+@pytest.fixture(scope="module")
+def scene_cache(tmp_path_factory) -> Path:
+    """One cache for every digit_scenes config: the tiny dataset is generated once and reused."""
+    return tmp_path_factory.mktemp("digit_scenes_cache")
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_config_smoke_fit(path, tmp_path, shared_data):
-    _smoke_fit(path, tmp_path, shared_data)
+def test_config_smoke_fit(path, tmp_path, shared_data, scene_cache):
+    _smoke_fit(path, tmp_path, shared_data, scene_cache)
 
 
-def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path) -> Path:
+def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path, scene_cache: Path | None = None) -> Path:
     cfg = load_config(path)
     extra = []
     phase1 = getattr(cfg.model, "phase1", None)
     if phase1:  # a phase-2 method: smoke-fit the phase-1 config that writes its artifact first
-        run = _smoke_fit(_phase1_config(phase1), tmp_path / "phase1", shared_data)
+        run = _smoke_fit(_phase1_config(phase1), tmp_path / "phase1", shared_data, scene_cache)
         extra.append(f"model.phase1={run / 'phase1.safetensors'}")
     if cfg.data.name in NOT_HERE:
         pytest.skip(f"{NOT_HERE[cfg.data.name]} is not in the shared data of this machine ({shared_data})")
@@ -76,6 +83,8 @@ def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path) -> Path:
         argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))] + ["data.val_size=8"]
     if cfg.data.name in ("qmul_chairv2", "omniglot_sketch"):
         argv += ["data.val_size=4", "data.image_size=32", "data.completion_steps=4", f"data.render_cache={tmp_path}"]
+    if cfg.data.name == "digit_scenes":
+        argv += [f"data.render_cache={scene_cache}", "model.embed_dim=32", "model.num_bins=10"]
     assert main(argv + extra) == 0
     report = json.loads((tmp_path / "smoke" / "report.json").read_text())
     assert report["steps"] == 2 and report["test"]["count"] > 0

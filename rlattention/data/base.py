@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -53,6 +53,7 @@ class DataSplits:
     test: ArrayDataset
     num_classes: int
     name: str = ""
+    meta: dict = field(default_factory=dict)  # passed to the model as DataInfo.meta (e.g. a vocabulary size)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

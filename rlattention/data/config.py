@@ -33,6 +33,8 @@ class DataConfig:
     render_cache: folder of the on-disk cache of sketch renders (and resized ChairV2 photos); ``null`` means
         ``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``; ``""`` or ``"none"`` disables the cache.
     omniglot_subsets: which Omniglot small background sets ``omniglot_sketch`` uses: ``[1]``, ``[2]`` or ``[1, 2]``.
+    test_split: the precomp split evaluated as test (``precomp``): ``test``, or ``testall`` for COCO 5K.
+    max_caption_len: keep at most this many token ids per caption, ``<start>`` included (0: no limit).
     """
 
     name: str = "digits"
@@ -54,3 +56,5 @@ class DataConfig:
     line_width: float = 2.0
     render_cache: str | None = None
     omniglot_subsets: list[int] = field(default_factory=lambda: [1])
+    test_split: str = "test"
+    max_caption_len: int = 0

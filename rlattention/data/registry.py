@@ -55,6 +55,7 @@ def _import_all() -> None:
         cifar,
         coco,
         digits,
+        image_text,
         mnist,
         multilabel_digits,
         sequences,

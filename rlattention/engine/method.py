@@ -32,6 +32,7 @@ class DataInfo:
 
     image_shape: tuple[int, int, int]  # (C, H, W)
     num_classes: int
+    meta: dict = field(default_factory=dict)  # dataset-specific facts, e.g. {"vocab_size": V} for image-text
 
 
 class AttentionMethod(nn.Module):
@@ -58,6 +59,13 @@ class AttentionMethod(nn.Module):
 
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement predict")  # pragma: no cover
+
+    def predict_batch(
+        self, images: Tensor, targets: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """What evaluation calls: :meth:`predict` unless a method's inputs live partly in the targets (e.g.
+        image-text matching, where the captions are the targets of the image items)."""
+        return self.predict(images, mc_samples=mc_samples, generator=generator)
 
     def attack_logits(self, images: Tensor, seed: int = 0) -> Tensor:
         """Differentiable deterministic logits ``(B, K)`` for gradient-based attacks (mean actions)."""

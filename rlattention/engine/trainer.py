@@ -145,9 +145,9 @@ def evaluate(
     loader = BatchLoader(dataset, batch_size, shuffle=False, drop_last=False, device=fabric.device)
     gen = torch.Generator(device=fabric.device).manual_seed(seed)
     scores = []
-    for images, _ in tqdm(loader, desc="eval", leave=False, disable=not progress or fabric.global_rank != 0):
+    for images, targets in tqdm(loader, desc="eval", leave=False, disable=not progress or fabric.global_rank != 0):
         with fabric.autocast():
-            scores.append(model.predict(images, mc_samples=mc_samples, generator=gen).float().cpu())
+            scores.append(model.predict_batch(images, targets, mc_samples=mc_samples, generator=gen).float().cpu())
     model.train(was_training)
     return model.metrics(torch.cat(scores), dataset.targets.cpu())
 
@@ -227,7 +227,7 @@ def fit(
     if splits is None:
         splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
-    model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes))
+    model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)))
     model.on_fit_start(splits)
     optimizer = make_optimizer(model.parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
     loader = BatchLoader(
@@ -421,7 +421,9 @@ def load_for_eval(path: str | Path, data_dir: str | None = None, overrides: dict
     cfg_dict = ckpt["config"]
     cfg = from_dict(cfg_dict, source=f"{path} (config)")
     splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
-    model = get_method(cfg.method).from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes))
+    model = get_method(cfg.method).from_config(
+        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
+    )
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:

@@ -1,0 +1,267 @@
+"""Discrete-continuous action space policy-gradient attention for image-text matching (DCPG): Ji et al.,
+"Discrete-continuous Action Space Policy Gradient-based Attention for Image-Text Matching", CVPR 2021.
+
+Data layout (``rlattention.data.image_text``): one item per caption. ``images`` ``(C, 1, R, F)``: the region
+features of the caption's image (gathered, not copied, from the ``(N, 1, R, F)`` image features); ``targets``
+``(C, 1 + L)`` int64: column 0 is the image's index in its split, columns 1.. the caption's token ids
+(``<start> ... <end>``, padded with 0). ``DataInfo.meta["vocab_size"]`` sizes the word embedding.
+
+Model (section 3): region features -> linear -> GCN reasoning over the fully connected region graph with
+affinities R(F_i, F_j) = phi(F_i)^T psi(F_j) (eq. 1, VSRN) -> I^1..I^T; words -> 300-d embedding -> linear to the
+joint width. For each modality a :class:`~rlattention.rl.discrete_continuous.DiscreteContinuousPolicy`
+produces the attention Att (eqs. 2-5); fusion I_A = I * (lambda Att), I_E = GRU(I_A)^T + mean_t I_A (eqs. 11-12),
+L2-normalised. Losses (eq. 13): VSE++ hinge triplet with the hardest in-batch negatives (eq. 14), instance
+loss (cross-entropy over training image ids, classifier shared by both modalities), text decoding (a causal
+convolutional caption decoder shared by the image and text branches), and the discrete and continuous policy
+gradients of both modalities (eqs. 7-8) with the in-batch R@1 + AP reward (eq. 9) and optionally the
+leave-one-out baseline beta * mean of the other rewards (eq. 10).
+
+Evaluation: mean actions (no sampling), BatchNorm-free networks in eval mode; a prediction is
+``[I_E, T_E]`` per caption and :meth:`DCPG.metrics` ranks all captions against all images of the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
+from rlattention.engine.registry import register_method
+from rlattention.metrics.retrieval import retrieval_metrics
+from rlattention.metrics.sketch import gallery_from_pairs
+from rlattention.rl import leave_one_out_baseline
+from rlattention.rl.discrete_continuous import DiscreteContinuousPolicy, dcpg_losses, in_batch_retrieval_reward
+
+
+@dataclass
+class DCPGConfig:
+    """The ``model:`` section of ``method: dcpg``. Paper sizes: embed_dim 2048, GRU 2048; ours default to CPU
+    sizes. ``pg`` selects the attention: none (the baseline of Table 4) | discrete | continuous (one Gaussian)
+    | discrete_continuous (DCPG)."""
+
+    embed_dim: int = 256  # joint embedding width (paper 2048)
+    word_dim: int = 300
+    gcn_layers: int = 2  # VSRN uses 4
+    pg: str = "discrete_continuous"
+    heads: int = 2
+    num_bins: int = 100  # n
+    tau: float = 1.0  # Gumbel-softmax temperature
+    estimator: str = "relaxed"  # relaxed | straight_through (how mu stays differentiable)
+    lam: float = 20.0  # lambda of eqs. 11-12
+    reward: str = "r1+ap"  # r1 | ap | r1+ap (eq. 9)
+    pg_baseline: bool = False  # eq. 10
+    baseline_beta: float = 0.5
+    margin: float = 0.2
+    instance_weight: float = 1.0  # 0 removes the instance loss
+    decoding_weight: float = 1.0  # 0 removes the text-decoding loss
+    pg_weight: float = 1.0
+    decoder_layers: int = 2
+    glove: str | None = None  # optional glove.*.txt to initialise the word embedding
+    select_on: str = "rsum"
+
+
+class GCNReasoning(nn.Module):
+    """V* = V + W_r (softmax_j(phi(V_i)^T psi(V_j)) V W_g), stacked ``layers`` times (VSRN's region reasoning)."""
+
+    def __init__(self, dim: int, layers: int) -> None:
+        super().__init__()
+        self.phi = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.psi = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.g = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(layers))
+        self.r = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+
+    def forward(self, v: Tensor) -> Tensor:
+        for phi, psi, g, r in zip(self.phi, self.psi, self.g, self.r, strict=True):
+            affinity = torch.einsum("bid,bjd->bij", phi(v), psi(v)) / v.shape[-1] ** 0.5  # eq. 1
+            v = v + r(F.relu(affinity.softmax(-1) @ g(v)))
+        return v
+
+
+class CaptionDecoder(nn.Module):
+    """A causal convolutional caption decoder (the text-decoding loss), conditioned on an embedding: word
+    embedding of the previous tokens + a projection of the embedding -> gated causal conv layers -> logits."""
+
+    def __init__(self, vocab_size: int, embed_dim: int, width: int, layers: int, kernel: int = 3) -> None:
+        super().__init__()
+        self.words = nn.Embedding(vocab_size, width, padding_idx=0)
+        self.cond = nn.Linear(embed_dim, width)
+        self.convs = nn.ModuleList(nn.Conv1d(width, 2 * width, kernel) for _ in range(layers))
+        self.kernel = kernel
+        self.out = nn.Linear(width, vocab_size)
+
+    def loss(self, embedding: Tensor, tokens: Tensor) -> Tensor:
+        """Teacher-forced cross-entropy of ``tokens`` ``(B, L)`` (0 = padding) given ``embedding`` ``(B, E)``."""
+        inp, target = tokens[:, :-1], tokens[:, 1:]
+        x = (self.words(inp) + self.cond(embedding)[:, None]).transpose(1, 2)  # (B, W, L-1)
+        for conv in self.convs:
+            x = x + F.glu(conv(F.pad(x, (self.kernel - 1, 0))), dim=1)  # causal: sees tokens <= t only
+        logits = self.out(x.transpose(1, 2))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=0)
+
+
+def hardest_negative_triplet(sims: Tensor, same: Tensor, margin: float) -> Tensor:
+    """VSE++ (eq. 14): for each positive pair (i, i), the hardest caption and the hardest image in the batch
+    that do not belong to the same image. sims ``(B, B)`` image x caption; same ``(B, B)`` bool."""
+    pos = sims.diagonal()
+    neg = sims.masked_fill(same, float("-inf"))
+    cost_c = F.relu(margin - pos + neg.max(dim=1).values)  # hardest caption for each image
+    cost_i = F.relu(margin - pos + neg.max(dim=0).values)  # hardest image for each caption
+    cost_c = torch.where(torch.isfinite(cost_c), cost_c, torch.zeros_like(cost_c))
+    cost_i = torch.where(torch.isfinite(cost_i), cost_i, torch.zeros_like(cost_i))
+    return (cost_c + cost_i).mean()
+
+
+@register_method("dcpg")
+class DCPG(AttentionMethod):
+    Config = DCPGConfig
+    task = "image_text"
+    selection_metric = ("rsum", "max")
+
+    def __init__(self, cfg: DCPGConfig, info: DataInfo) -> None:
+        super().__init__()
+        if cfg.pg not in ("none", "discrete", "continuous", "discrete_continuous"):
+            raise ValueError(f"model.pg must be none, discrete, continuous or discrete_continuous, got {cfg.pg!r}")
+        if cfg.reward not in ("r1", "ap", "r1+ap"):
+            raise ValueError(f"model.reward must be r1, ap or r1+ap, got {cfg.reward!r}")
+        if cfg.lam <= 0 or cfg.margin < 0 or cfg.embed_dim < 1 or cfg.heads < 1:
+            raise ValueError(
+                f"need model.lam > 0, model.margin >= 0, model.embed_dim >= 1, model.heads >= 1; got "
+                f"{cfg.lam}, {cfg.margin}, {cfg.embed_dim}, {cfg.heads}"
+            )
+        vocab_size = int(info.meta.get("vocab_size", 0))
+        if vocab_size < 5 or len(info.image_shape) != 3:
+            raise ValueError(
+                "dcpg needs an image-text dataset (items (1, R, F) region features, DataInfo.meta['vocab_size']); "
+                f"got image shape {info.image_shape} and meta {sorted(info.meta)}"
+            )
+        self.cfg = cfg
+        E = cfg.embed_dim
+        self.region_fc = nn.Linear(info.image_shape[-1], E)
+        self.gcn = GCNReasoning(E, cfg.gcn_layers)
+        self.word_embedding = nn.Embedding(vocab_size, cfg.word_dim, padding_idx=0)
+        self.word_fc = nn.Linear(cfg.word_dim, E)
+        mode = "discrete_continuous" if cfg.pg == "none" else cfg.pg
+        policy = dict(num_bins=cfg.num_bins, heads=cfg.heads, tau=cfg.tau, estimator=cfg.estimator, mode=mode)
+        self.image_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
+        self.text_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
+        self.image_gru = nn.GRU(E, E, batch_first=True)  # GRU_gr^I
+        self.text_gru = nn.GRU(E, E, batch_first=True)  # GRU_gr^T
+        self.instance = nn.Linear(E, info.num_classes) if cfg.instance_weight > 0 else None
+        self.decoder = (
+            CaptionDecoder(vocab_size, E, min(E, 256), cfg.decoder_layers) if cfg.decoding_weight > 0 else None
+        )
+        if cfg.glove:
+            self._load_glove(cfg.glove, info)
+
+    @classmethod
+    def from_config(cls, cfg: DCPGConfig, info: DataInfo) -> DCPG:
+        return cls(cfg, info)
+
+    def _load_glove(self, path: str, info: DataInfo) -> None:
+        from rlattention.data.text import Vocabulary, load_glove
+
+        words = info.meta.get("vocab")
+        if not words:
+            raise ValueError("model.glove needs the vocabulary (ordinary words) in DataInfo.meta['vocab']")
+        vectors, _ = load_glove(path, Vocabulary(words), dim=self.cfg.word_dim)
+        with torch.no_grad():
+            self.word_embedding.weight.copy_(torch.as_tensor(vectors))
+
+    # ---------------------------------------------------------------- encoders
+    def _fuse(self, x: Tensor, mask: Tensor | None, policy, gru: nn.GRU, deterministic: bool):
+        """Attention (eqs. 2-5) and fusion (eqs. 11-12): x ``(B, T, E)`` -> embedding ``(B, E)``, policy output."""
+        out = None
+        if policy is not None:
+            out = policy(x, mask, deterministic=deterministic)
+            x = x * (self.cfg.lam * out.attention.unsqueeze(-1))  # I_A = I * (lambda Att)
+        if mask is None:
+            h, _ = gru(x)
+            last, mean = h[:, -1], x.mean(1)
+        else:
+            lengths = mask.sum(1).clamp(min=1)
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            _, h_n = gru(packed)
+            last = h_n[-1]
+            mean = (x * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(-1).to(x.dtype)
+        return F.normalize(last + mean, dim=-1), out  # I_E = h_g^T + mean_t I_A
+
+    def encode_images(self, regions: Tensor, deterministic: bool):
+        v = self.gcn(self.region_fc(regions.flatten(1, -2) if regions.ndim == 4 else regions))  # I^1..I^T
+        return self._fuse(v, None, self.image_policy, self.image_gru, deterministic)
+
+    def encode_texts(self, tokens: Tensor, deterministic: bool):
+        mask = tokens != 0
+        w = self.word_fc(self.word_embedding(tokens))
+        return self._fuse(w, mask, self.text_policy, self.text_gru, deterministic)
+
+    # ---------------------------------------------------------------- training
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        cfg = self.cfg
+        ids, tokens = targets[:, 0], targets[:, 1:]
+        img, img_pg = self.encode_images(images, deterministic=False)
+        txt, txt_pg = self.encode_texts(tokens, deterministic=False)
+        sims = img @ txt.T  # (B, B) cosine similarities, image x caption
+        same = ids[:, None] == ids[None, :]
+        terms = {"triplet": hardest_negative_triplet(sims, same, cfg.margin)}
+        if self.instance is not None:
+            terms["instance"] = cfg.instance_weight * (
+                F.cross_entropy(self.instance(img), ids) + F.cross_entropy(self.instance(txt), ids)
+            )
+        if self.decoder is not None:
+            terms["decoding"] = cfg.decoding_weight * (self.decoder.loss(img, tokens) + self.decoder.loss(txt, tokens))
+        stats = {}
+        if img_pg is not None:
+            r_img = in_batch_retrieval_reward(sims, same, cfg.reward)  # image queries, captions as gallery
+            r_txt = in_batch_retrieval_reward(sims.T, same.T, cfg.reward)  # caption queries
+            for name, out, r in (("image", img_pg, r_img), ("text", txt_pg, r_txt)):
+                b = leave_one_out_baseline(r, cfg.baseline_beta) if cfg.pg_baseline else None  # eq. 10
+                l_d, l_c = dcpg_losses(out, r, b)
+                if cfg.pg in ("discrete", "discrete_continuous"):
+                    terms[f"pg_d_{name}"] = cfg.pg_weight * l_d
+                if cfg.pg in ("continuous", "discrete_continuous"):
+                    terms[f"pg_c_{name}"] = cfg.pg_weight * l_c
+            stats = {"reward": 0.5 * (r_img.mean() + r_txt.mean()), "reward_image": r_img.mean()}
+        loss = sum(terms.values())
+        stats["batch_r1"] = (sims.argmax(1) == torch.arange(len(ids), device=ids.device)).float().mean()
+        return StepOutput(loss, terms=terms, stats=stats)
+
+    # ---------------------------------------------------------------- evaluation
+    def predict_batch(
+        self, images: Tensor, targets: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None
+    ) -> Tensor:
+        """``[I_E, T_E]`` ``(B, 2E)`` per caption item, with mean actions."""
+        with torch.no_grad():
+            img, _ = self.encode_images(images, deterministic=True)
+            txt, _ = self.encode_texts(targets[:, 1:], deterministic=True)
+        return torch.cat((img, txt), 1)
+
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        raise NotImplementedError("dcpg predicts from (images, captions): use predict_batch")
+
+    def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
+        E = self.cfg.embed_dim
+        img, txt = scores[:, :E], scores[:, E:]
+        gallery, caption_to_image = gallery_from_pairs(img, targets[:, 0].long(), atol=1e-3, rtol=1e-3)
+        m = retrieval_metrics(gallery @ txt.T, caption_to_image)
+        return {**m, "count": float(len(txt)), "images": float(len(gallery))}
+
+    @torch.no_grad()
+    def attention(self, images: Tensor, targets: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """Deterministic region and word attention ``(B, R)``, ``(B, L)`` (None without a policy)."""
+        tokens = targets[:, 1:]
+        if self.image_policy is None:
+            return None, None
+        v = self.gcn(self.region_fc(images.flatten(1, -2)))
+        w = self.word_fc(self.word_embedding(tokens))
+        return (
+            self.image_policy(v, None, deterministic=True).attention,
+            self.text_policy(w, tokens != 0, deterministic=True).attention,
+        )
+
+    def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: Any = None):
+        raise NotImplementedError("dcpg figures are written by benchmarks/dcpg_figures.py")
