@@ -61,6 +61,10 @@ CPU_CHUNK_ELEMENTS = 2**18
 #: The same on other devices (GPU): fewer, larger steps.
 DEVICE_CHUNK_ELEMENTS = 2**26
 
+#: Count float32/float64 CPU blocks with numpy in Python threads (see :func:`_ge_counts`); ``False``: with torch
+#: operations, as on other devices (the tests run both).
+NUMPY_ON_CPU = True
+
 #: Entries of one block of the similarity matrix computed by a single matrix product when ``N * C`` exceeds
 #: ``max_elements`` (large enough for an efficient product).
 PRODUCT_BLOCK_ELEMENTS = 2**24
@@ -200,6 +204,8 @@ def retrieval_ranks(
     comparison with ``t`` (broadcast along the rows) summed over the rows counts the t2i ranks and one comparison
     with ``M`` (broadcast along the columns) summed over the columns counts the i2t ranks. The true entry counts
     itself once in the t2i count, and an image's own captions equal to ``M_i`` are removed from the i2t count.
+    Float32/float64 CPU blocks are compared by numpy in ``torch.get_num_threads()`` Python threads, each on its
+    own range of rows; other dtypes and devices by torch operations (same results).
     """
     _check_sims(sims)
     n, c = sims.shape
@@ -286,7 +292,7 @@ def _ge_counts(
     """
     r, w = s.shape
     rows = _chunk_rows(chunk_elements, w, s.device)
-    if s.device.type == "cpu" and s.dtype in (torch.float32, torch.float64):
+    if NUMPY_ON_CPU and s.device.type == "cpu" and s.dtype in (torch.float32, torch.float64):
         chunks = (r + rows - 1) // rows
         workers = max(1, min(torch.get_num_threads(), chunks))
         bounds = [min(r, rows * ((chunks * k) // workers)) for k in range(workers + 1)]
@@ -335,16 +341,17 @@ def _ge_counts_numpy(
     col_ge = None if col_threshold is None else np.zeros(w, dtype=np.int32)
     mask = np.empty((max(0, min(rows, hi - lo)), w), dtype=bool)
     maybe_nan = False
-    for start in range(lo, hi, rows):
-        stop = min(start + rows, hi)
-        block = s[start:stop]
-        b = mask[: stop - start]
-        if col_ge is not None:
-            np.greater_equal(block, col_threshold, out=b)  # s[i, j] >= col_threshold[j]
-            col_ge += b.sum(0, dtype=np.int32)
-        np.greater_equal(block, row_threshold[start:stop, None], out=b)  # s[i, j] >= row_threshold[i]
-        row_ge[start - lo : stop - lo] = b.sum(1)
-        maybe_nan = maybe_nan or bool(np.isnan(block.sum()))  # NaN iff a NaN (or both +inf and -inf)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, overflow in the NaN probe: no warnings
+        for start in range(lo, hi, rows):
+            stop = min(start + rows, hi)
+            block = s[start:stop]
+            b = mask[: stop - start]
+            if col_ge is not None:
+                np.greater_equal(block, col_threshold, out=b)  # s[i, j] >= col_threshold[j]
+                col_ge += b.sum(0, dtype=np.int32)
+            np.greater_equal(block, row_threshold[start:stop, None], out=b)  # s[i, j] >= row_threshold[i]
+            row_ge[start - lo : stop - lo] = b.sum(1)
+            maybe_nan = maybe_nan or bool(np.isnan(block.sum()))  # NaN iff a NaN (or both +inf and -inf)
     return row_ge, col_ge, maybe_nan
 
 

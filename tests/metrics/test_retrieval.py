@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlattention.metrics import retrieval
 from rlattention.metrics.retrieval import (
     caption_to_image_from_counts,
     coco_1k_folds,
@@ -95,10 +96,17 @@ def random_sims(n: int, k: int, seed: int, integer: bool, dtype=torch.float32) -
 SHAPES = [(1, 1), (1, 5), (2, 5), (3, 1), (7, 5), (13, 3), (30, 5)]
 
 
+@pytest.fixture(params=["numpy", "torch"])
+def cpu_backend(request, monkeypatch):
+    """Both ways of counting float32/float64 blocks on the CPU (numpy threads, torch operations as on a GPU)."""
+    monkeypatch.setattr(retrieval, "NUMPY_ON_CPU", request.param == "numpy")
+    return request.param
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("integer", [False, True])
 @pytest.mark.parametrize("chunk_elements", [None, 1, 37])
-def test_ranks_match_slow_reference(shape, integer, chunk_elements):
+def test_ranks_match_slow_reference(shape, integer, chunk_elements, cpu_backend):
     n, k = shape
     sims = random_sims(n, k, seed=100 * n + k, integer=integer)
     i2t, t2i = retrieval_ranks(sims, chunk_elements=chunk_elements)
@@ -161,14 +169,14 @@ def test_ties_count_against_the_query_in_both_directions():
     assert [r.tolist() for r in retrieval_ranks(sims)] == [[0, 1], [1, 0, 0, 0]]
 
 
-def test_own_caption_ties_and_infinities():
+def test_own_caption_ties_and_infinities(cpu_backend):
     sims = torch.tensor([[1.0, 1.0, 1.0, -1.0], [float("-inf"), 0.0, float("inf"), float("inf")]])
     i2t, t2i = retrieval_ranks(sims, torch.tensor([0, 0, 0, 1]))
     assert i2t.tolist() == [0, 1]  # image 0: its 3 captions tie for first; image 1: caption 2 ties with its 3 (+inf)
     assert t2i.tolist() == [0, 0, 1, 0]  # caption 2: image 1 (+inf) above the true image 0
 
 
-def test_nan_is_an_error():
+def test_nan_is_an_error(cpu_backend):
     sims = random_sims(6, 5, seed=0, integer=False)
     sims[4, 17] = float("nan")
     with pytest.raises(ValueError, match="sims contains NaN"):
@@ -177,7 +185,7 @@ def test_nan_is_an_error():
     assert [r.tolist() for r in retrieval_ranks(sims)] == [[0], [0, 0]]
 
 
-def test_explicit_mapping_with_unequal_counts():
+def test_explicit_mapping_with_unequal_counts(cpu_backend):
     gen = torch.Generator().manual_seed(3)
     counts = [1, 3, 5, 2, 4, 1]
     m = caption_to_image_from_counts(counts)
@@ -277,7 +285,7 @@ def test_embeddings_path_equals_sims_path(integer):
 
 @pytest.mark.parametrize("max_elements", [1, 30, 200])
 @pytest.mark.parametrize("integer,dtype", [(True, torch.float32), (False, torch.float64)])
-def test_embeddings_in_blocks_match_reference(max_elements, integer, dtype):
+def test_embeddings_in_blocks_match_reference(max_elements, integer, dtype, cpu_backend):
     img, cap = random_embeddings(9, 27, 5, seed=max_elements, integer=integer, dtype=dtype)
     counts = [3, 1, 4, 2, 5, 3, 3, 4, 2]
     m = caption_to_image_from_counts(counts)[torch.randperm(27, generator=torch.Generator().manual_seed(0))]
@@ -381,3 +389,17 @@ def test_cuda_matches_cpu():
         gpu = retrieval_ranks_from_embeddings(img.cuda(), cap.cuda(), max_elements=max_elements)
         assert all(torch.equal(g.cpu(), c) for g, c in zip(gpu, retrieval_ranks(img @ cap.T), strict=True))
     assert retrieval_metrics(sims.cuda().half()) == retrieval_metrics(sims.half())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_cpu_threads_give_the_same_ranks(threads):
+    sims = random_sims(23, 5, seed=threads, integer=True)
+    expected = reference_ranks(sims, (torch.arange(115) // 5).tolist())
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for chunk_elements in (1, 115, 500, None):
+            got = retrieval_ranks(sims, chunk_elements=chunk_elements)
+            assert tuple(r.tolist() for r in got) == expected
+    finally:
+        torch.set_num_threads(previous)
