@@ -47,7 +47,8 @@ class AttentionMethod(nn.Module):
     #: the validation metric used for model selection and whether larger is better
     selection_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
     #: what targets look like: "classification" (N,) class ids | "multilabel" (N, K) in {1, 0, -1} |
-    #: "sketch_retrieval" (N,) photo ids of (S + 3)-channel sketch/photo items
+    #: "sketch_retrieval" (N,) photo ids of (S + 3)-channel sketch/photo items | "image_text" (C, 1 + L) image
+    #: id + caption tokens of (1, R, F) region-feature items
     task: ClassVar[str] = "classification"
 
     @classmethod
