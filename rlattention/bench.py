@@ -556,7 +556,7 @@ def _ranks_per_query(queries: Tensor, gallery: Tensor, target: Tensor) -> Tensor
     out = torch.empty(Q, S, dtype=torch.long)
     for q in range(Q):
         for s in range(S):
-            d = (gallery - queries[q, s]).pow(2).sum(-1)
+            d = (gallery.double() - queries[q, s].double()).pow(2).sum(-1)  # exact enough to agree on ties
             out[q, s] = int((d <= d[target[q]]).sum())
     return out
 
