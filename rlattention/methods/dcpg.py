@@ -51,6 +51,7 @@ class DCPGConfig:
     heads: int = 2
     num_bins: int = 100  # n
     tau: float = 1.0  # Gumbel-softmax temperature
+    init_std: float | None = None  # start sigma of the continuous stage near this (None: PyTorch's default init)
     estimator: str = "relaxed"  # relaxed | straight_through (how mu stays differentiable)
     lam: float = 20.0  # lambda of eqs. 11-12
     reward: str = "r1+ap"  # r1 | ap | r1+ap (eq. 9)
@@ -146,7 +147,14 @@ class DCPG(AttentionMethod):
         self.word_embedding = nn.Embedding(vocab_size, cfg.word_dim, padding_idx=0)
         self.word_fc = nn.Linear(cfg.word_dim, E)
         mode = "discrete_continuous" if cfg.pg == "none" else cfg.pg
-        policy = dict(num_bins=cfg.num_bins, heads=cfg.heads, tau=cfg.tau, estimator=cfg.estimator, mode=mode)
+        policy = dict(
+            num_bins=cfg.num_bins,
+            heads=cfg.heads,
+            tau=cfg.tau,
+            estimator=cfg.estimator,
+            mode=mode,
+            init_std=cfg.init_std,
+        )
         self.image_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
         self.text_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
         self.image_gru = nn.GRU(E, E, batch_first=True)  # GRU_gr^I

@@ -17,6 +17,7 @@ At evaluation (``deterministic``) there is no sampling: the bin is the mode of s
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -48,6 +49,7 @@ class DiscreteContinuousPolicy(nn.Module):
         estimator: str = "relaxed",
         min_std: float = 1e-3,
         mode: str = "discrete_continuous",
+        init_std: float | None = None,
     ) -> None:
         super().__init__()
         if estimator not in ("relaxed", "straight_through"):
@@ -62,6 +64,11 @@ class DiscreteContinuousPolicy(nn.Module):
         self.w_mu = nn.Linear(hidden, heads * num_bins)  # W_mu: discrete logits per head
         self.w_std = nn.Linear(hidden, heads)  # W_std
         self.w_mean = nn.Linear(hidden, heads)  # the mean of the single-Gaussian ablation (mode="continuous")
+        if init_std is not None:  # start sigma near init_std: bias = softplus^-1(init_std - min_std)
+            if init_std <= min_std:
+                raise ValueError(f"init_std must be > min_std ({min_std}), got {init_std}")
+            nn.init.zeros_(self.w_std.weight)
+            nn.init.constant_(self.w_std.bias, math.log(math.expm1(init_std - min_std)))
         self.register_buffer("bin_values", torch.arange(num_bins, dtype=torch.float32), persistent=False)
 
     def forward(

@@ -93,3 +93,11 @@ def test_leave_one_out_baseline_excludes_own_reward():
     rewards = torch.tensor([1.0, 0.0, 2.0, 3.0])
     b = leave_one_out_baseline(rewards, beta=0.5)
     assert b.tolist() == pytest.approx([0.5 * 5 / 3, 0.5 * 6 / 3, 0.5 * 4 / 3, 0.5 * 3 / 3])
+
+
+def test_init_std_sets_the_starting_sigma():
+    policy = _policy(init_std=0.1)
+    out = policy(torch.randn(2, 3, 6))
+    assert torch.allclose(out.sigma, torch.full_like(out.sigma, 0.1), atol=1e-5)
+    with pytest.raises(ValueError, match="init_std"):
+        _policy(init_std=0.0)
