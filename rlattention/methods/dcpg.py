@@ -272,4 +272,4 @@ class DCPG(AttentionMethod):
         )
 
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: Any = None):
-        raise NotImplementedError("dcpg figures are written by benchmarks/dcpg_figures.py")
+        raise NotImplementedError("dcpg has no attention figures yet (see DCPG.attention for the weights)")
