@@ -52,6 +52,8 @@ class DCPGConfig:
     num_bins: int = 100  # n
     tau: float = 1.0  # Gumbel-softmax temperature
     init_std: float | None = None  # start sigma of the continuous stage near this (None: PyTorch's default init)
+    pg_to_features: bool = False  # let the policy gradient reach the region/word encoders (false: policies read
+    # detached features, so the REINFORCE noise trains only the policies)
     estimator: str = "relaxed"  # relaxed | straight_through (how mu stays differentiable)
     lam: float = 20.0  # lambda of eqs. 11-12
     reward: str = "r1+ap"  # r1 | ap | r1+ap (eq. 9)
@@ -185,7 +187,7 @@ class DCPG(AttentionMethod):
         """Attention (eqs. 2-5) and fusion (eqs. 11-12): x ``(B, T, E)`` -> embedding ``(B, E)``, policy output."""
         out = None
         if policy is not None:
-            out = policy(x, mask, deterministic=deterministic)
+            out = policy(x if self.cfg.pg_to_features else x.detach(), mask, deterministic=deterministic)
             x = x * (self.cfg.lam * out.attention.unsqueeze(-1))  # I_A = I * (lambda Att)
         if mask is None:
             h, _ = gru(x)

@@ -89,6 +89,8 @@ def test_predictions_are_deterministic_and_losses_route_gradients():
     pg.backward(retain_graph=True)
     assert model.image_policy.w_mu.weight.grad.abs().sum() > 0 and model.text_policy.w_std.weight.grad.abs().sum() > 0
     assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.image_gru.parameters())
+    for encoder in (model.region_fc, model.gcn, model.word_fc, model.word_embedding):  # pg_to_features=False
+        assert all(p.grad is None or p.grad.abs().sum() == 0 for p in encoder.parameters())
     model.eval()
     a = model.predict_batch(images, targets)
     b = model.predict_batch(images, targets)
