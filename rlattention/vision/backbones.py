@@ -2,7 +2,42 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import torch
 from torch import Tensor, nn
+
+
+def load_matching_weights(module: nn.Module, path: str | os.PathLike, what: str) -> None:
+    """Load every tensor of ``module.state_dict()`` from ``path`` (``.safetensors``, or a torch file read with
+    ``weights_only=True``: no pickled code runs). Extra keys in the file (a classifier head...) are ignored; a
+    missing or mis-shaped tensor is an error naming the file and the key. ``what`` names the network in errors."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} weights not found: {p}")
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(p))
+    else:
+        try:
+            state = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # not a torch file, or one that needs pickled code
+            raise ValueError(f"{p}: not a weights-only torch file ({type(e).__name__}: {e})") from e
+        state = state.get("state_dict", state) if isinstance(state, dict) else state
+        if not isinstance(state, dict):
+            raise ValueError(f"{p}: expected a dict of tensors, got {type(state).__name__}")
+    wanted = module.state_dict()
+    picked = {k: v for k, v in state.items() if k in wanted}
+    missing = sorted(k for k in set(wanted) - set(picked) if not k.endswith("num_batches_tracked"))  # optional
+    if missing:
+        raise ValueError(f"{p}: missing {what} tensors {missing[:4]}{'...' if len(missing) > 4 else ''}")
+    for k, v in picked.items():
+        if not isinstance(v, Tensor) or v.shape != wanted[k].shape:
+            shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+            raise ValueError(f"{p}: {k} has shape {shape}, expected {tuple(wanted[k].shape)}")
+    module.load_state_dict(picked, strict=False)  # everything but num_batches_tracked was checked above
 
 
 class SmallCNN(nn.Module):
@@ -56,29 +91,7 @@ class VGG16Features(nn.Module):
     def load_weights(self, path: str) -> None:
         """Load ``features.*`` tensors from a ``.safetensors`` file or a weights-only torch file; other keys
         (e.g. a classifier) are ignored; a missing or mis-shaped layer is an error naming the key."""
-        from pathlib import Path
-
-        import torch
-
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"VGG16 weights not found: {p}")
-        if p.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(p))
-        else:
-            state = torch.load(p, map_location="cpu", weights_only=True)
-            state = state.get("state_dict", state) if isinstance(state, dict) else state
-        wanted = self.state_dict()
-        picked = {k: v for k, v in state.items() if k in wanted}
-        missing = sorted(set(wanted) - set(picked))
-        if missing:
-            raise ValueError(f"{p}: missing VGG16 layers {missing[:4]}{'...' if len(missing) > 4 else ''}")
-        for k, v in picked.items():
-            if v.shape != wanted[k].shape:
-                raise ValueError(f"{p}: {k} has shape {tuple(v.shape)}, expected {tuple(wanted[k].shape)}")
-        self.load_state_dict(picked)
+        load_matching_weights(self, path, "VGG16")
 
     def feature_map(self, x: Tensor) -> Tensor:
         return self.features(x)

@@ -2,30 +2,80 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
-def random_crop_flip(images: Tensor, crop: int, flip: bool = True, generator: torch.Generator | None = None) -> Tensor:
-    """A random ``crop x crop`` window (integer pixel offsets) of every image, mirrored with probability 1/2.
+def random_crop_flip(
+    images: Tensor, crop: int | tuple[int, int], flip: bool = True, generator: torch.Generator | None = None
+) -> Tensor:
+    """A random ``crop`` window (``h x w``, or ``crop x crop`` for an int; integer pixel offsets) of every image,
+    mirrored with probability 1/2.
 
-    images ``(B, C, H, W)`` -> ``(B, C, crop, crop)``. Exact pixel copies by one gather (advanced indexing);
-    ``crop`` equal to the image side only flips.
+    images ``(B, C, H, W)`` -> ``(B, C, h, w)``. Exact pixel copies by one gather (advanced indexing); a crop
+    equal to the image size only flips.
     """
     B, C, H, W = images.shape
-    if not 0 < crop <= min(H, W):
-        raise ValueError(f"crop must be in (0, {min(H, W)}], got {crop}")
-    if crop < min(H, W):
+    ch, cw = (crop, crop) if isinstance(crop, int) else (int(crop[0]), int(crop[1]))
+    if not (0 < ch <= H and 0 < cw <= W):
+        raise ValueError(f"crop must fit the {H} x {W} images, got {ch} x {cw}")
+    if (ch, cw) != (H, W):
         dev = images.device
-        x0 = torch.randint(0, W - crop + 1, (B,), generator=generator, device=dev)
-        y0 = torch.randint(0, H - crop + 1, (B,), generator=generator, device=dev)
-        offs = torch.arange(crop, device=dev)
-        rows, cols = (y0[:, None] + offs)[:, :, None], (x0[:, None] + offs)[:, None, :]  # (B, crop, 1), (B, 1, crop)
+        x0 = torch.randint(0, W - cw + 1, (B,), generator=generator, device=dev)
+        y0 = torch.randint(0, H - ch + 1, (B,), generator=generator, device=dev)
+        rows = (y0[:, None] + torch.arange(ch, device=dev))[:, :, None]  # (B, ch, 1)
+        cols = (x0[:, None] + torch.arange(cw, device=dev))[:, None, :]  # (B, 1, cw)
         images = images[torch.arange(B, device=dev)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)
     if flip:
         mirror = torch.rand(B, generator=generator, device=images.device) < 0.5
         images = torch.where(mirror[:, None, None, None], images.flip(-1), images)
     return images
+
+
+def random_shift(images: Tensor, pad: int, flip: bool = False, generator: torch.Generator | None = None) -> Tensor:
+    """Zero-pad by ``pad`` pixels on every side and crop back to the original size at a random offset (the
+    usual re-identification "pad and crop"), optionally mirrored with probability 1/2. ``pad = 0``: only flips."""
+    if pad < 0:
+        raise ValueError(f"pad must be >= 0, got {pad}")
+    H, W = images.shape[-2:]
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad)) if pad else images
+    return random_crop_flip(padded, (H, W), flip, generator)
+
+
+def random_erasing(
+    images: Tensor,
+    p: float = 0.5,
+    area: tuple[float, float] = (0.02, 0.4),
+    aspect: tuple[float, float] = (0.3, 3.3),
+    value: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Random erasing (Zhong et al. 2020): with probability ``p`` an image gets one rectangle of ``area`` (a
+    fraction of the image, uniform) and aspect ratio ``aspect`` (log-uniform) set to ``value``; rectangles
+    are clipped to the image. One mask for the batch, no per-image loop. images ``(B, C, H, W)`` float."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"erasing probability must be in [0, 1], got {p}")
+    B, _, H, W = images.shape
+    dev = images.device
+
+    def u(lo: float, hi: float) -> Tensor:
+        return lo + (hi - lo) * torch.rand(B, generator=generator, device=dev)
+
+    frac = u(*area)
+    ratio = torch.exp(u(math.log(aspect[0]), math.log(aspect[1])))
+    h = (torch.sqrt(frac * H * W * ratio)).round().clamp(1, H)
+    w = (torch.sqrt(frac * H * W / ratio)).round().clamp(1, W)
+    y0 = (u(0.0, 1.0) * (H - h + 1)).floor()
+    x0 = (u(0.0, 1.0) * (W - w + 1)).floor()
+    on = torch.rand(B, generator=generator, device=dev) < p
+    ys = torch.arange(H, device=dev)[None, :]
+    xs = torch.arange(W, device=dev)[None, :]
+    in_y = (ys >= y0[:, None]) & (ys < (y0 + h)[:, None])  # (B, H)
+    in_x = (xs >= x0[:, None]) & (xs < (x0 + w)[:, None])  # (B, W)
+    mask = (in_y[:, :, None] & in_x[:, None, :] & on[:, None, None])[:, None]  # (B, 1, H, W)
+    return images.masked_fill(mask, value)
 
 
 def random_rotate_flip(
@@ -38,8 +88,6 @@ def random_rotate_flip(
     images ``(B, C, H, W)`` float -> ``(warped (B, C, H, W), flipped (B,) bool)``; with no rotation the flip is
     an exact pixel mirror.
     """
-    import math
-
     import torch.nn.functional as F
 
     if not 0.0 <= flip_p <= 1.0:
