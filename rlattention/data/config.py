@@ -35,6 +35,12 @@ class DataConfig:
     omniglot_subsets: which Omniglot small background sets ``omniglot_sketch`` uses: ``[1]``, ``[2]`` or ``[1, 2]``.
     test_split: the precomp split evaluated as test (``precomp``): ``test``, or ``testall`` for COCO 5K.
     max_caption_len: keep at most this many token ids per caption, ``<start>`` included (0: no limit).
+    reid_size: ``[height, width]`` the re-id images are resized to (``market1501``, ``dukemtmc``, ``omniglot_reid``;
+        default ``[256, 128]``, Market's usual size; the omniglot_reid configs use ``[64, 64]``).
+    reid_val_ids: training identities held out (seeded) as the re-id validation query/gallery split (default 100);
+        0 trains on all identities with an overlapping 10% monitoring split, not for model selection.
+    reid_cameras: groups of drawers used as cameras by ``omniglot_reid`` (default 4; must divide 20 and be >= 2).
+    (re-id datasets: ``num_train`` / ``num_test`` > 0 keep the first identities, they do not count images.)
     """
 
     name: str = "digits"
@@ -58,3 +64,6 @@ class DataConfig:
     omniglot_subsets: list[int] = field(default_factory=lambda: [1])
     test_split: str = "test"
     max_caption_len: int = 0
+    reid_size: list[int] = field(default_factory=lambda: [256, 128])
+    reid_val_ids: int = 100
+    reid_cameras: int = 4

@@ -58,6 +58,7 @@ def _import_all() -> None:
         image_text,
         mnist,
         multilabel_digits,
+        reid,
         sequences,
         sketch_retrieval,
         svhn,
