@@ -151,17 +151,14 @@ def _eval(args) -> int:
 def _viz(args) -> int:
     import torch
 
-    from rlattention.engine.loader import BatchLoader
     from rlattention.engine.trainer import _resolve_checkpoint, load_for_eval
 
     cfg, model, splits = load_for_eval(args.checkpoint, args.data_dir)
     model.eval()
     ds = getattr(splits, args.split)
-    n = min(args.num_images, len(ds))
-    images, targets = BatchLoader(ds, max(1, n), shuffle=False).to_device(ds.images[:n], ds.targets[:n])
     out = Path(args.out) if args.out else _resolve_checkpoint(args.checkpoint).parent.parent / "figures"
     gen = torch.Generator().manual_seed(args.seed)
-    paths = model.visualize(images, targets, out, generator=gen)
+    paths = model.visualize_split(ds, out, max(1, args.num_images), cfg.trainer.eval_batch_size, generator=gen)
     for p in paths:
         print(p)
     return 0

@@ -20,9 +20,17 @@ DATA_FOLDER = {  # dataset -> its folder in the shared data
     "coco": "coco_train2017_subset128",
     "qmul_chairv2": "qmul_chairv2",
     "omniglot_sketch": "omniglot",
+    "omniglot_reid": "omniglot",
     "digit_scenes": "mnist",
 }
-NOT_HERE = {"cifar10": "CIFAR-10", "svhn_sequences": "SVHN", "svhn_cropped": "SVHN", "voc2007": "Pascal VOC 2007"}
+NOT_HERE = {
+    "cifar10": "CIFAR-10",
+    "svhn_sequences": "SVHN",
+    "svhn_cropped": "SVHN",
+    "voc2007": "Pascal VOC 2007",
+    "market1501": "Market-1501",
+    "dukemtmc": "DukeMTMC-reID",
+}
 
 
 def _phase1_config(artifact: str) -> Path:
@@ -83,6 +91,8 @@ def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path, scene_cache: Path 
         argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))] + ["data.val_size=8"]
     if cfg.data.name in ("qmul_chairv2", "omniglot_sketch"):
         argv += ["data.val_size=4", "data.image_size=32", "data.completion_steps=4", f"data.render_cache={tmp_path}"]
+    if cfg.data.name == "omniglot_reid":
+        argv += ["data.reid_val_ids=4"]
     if cfg.data.name == "digit_scenes":
         argv += [f"data.render_cache={scene_cache}", "model.embed_dim=32", "model.num_bins=10"]
     assert main(argv + extra) == 0

@@ -48,7 +48,8 @@ class AttentionMethod(nn.Module):
     selection_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
     #: what targets look like: "classification" (N,) class ids | "multilabel" (N, K) in {1, 0, -1} |
     #: "sketch_retrieval" (N,) photo ids of (S + 3)-channel sketch/photo items | "image_text" (C, 1 + L) image
-    #: id + caption tokens of (1, R, F) region-feature items
+    #: id + caption tokens of (1, R, F) region-feature items | "reid" (N, 3) [identity, camera, role] with role
+    #: 0 train, 1 query, 2 gallery
     task: ClassVar[str] = "classification"
 
     @classmethod
@@ -92,3 +93,20 @@ class AttentionMethod(nn.Module):
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
         """Write figures for ``images`` into ``out_dir``; return the paths written."""
         raise NotImplementedError(f"{type(self).__name__} has no visualisation")  # pragma: no cover
+
+    def visualize_split(
+        self,
+        dataset: Any,
+        out_dir: Path,
+        num_images: int,
+        batch_size: int = 256,
+        generator: torch.Generator | None = None,
+    ) -> list[Path]:
+        """Figures for an evaluation split (what ``fit`` and ``rlattention viz`` call): by default
+        :meth:`visualize` on its first ``num_images`` items. Methods whose figures need the whole split (a
+        ranked gallery) override this."""
+        n = min(num_images, len(dataset))
+        device = next(self.parameters()).device
+        images, targets = dataset.images[:n].to(device), dataset.targets[:n].to(device)
+        images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
+        return self.visualize(images, targets, out_dir, generator=generator)

@@ -231,7 +231,16 @@ def fit(
     model.on_fit_start(splits)
     optimizer = make_optimizer(model.parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
     loader = BatchLoader(
-        splits.train, tc.batch_size, True, tc.seed, fabric.global_rank, fabric.world_size, True, fabric.device
+        splits.train,
+        tc.batch_size,
+        True,
+        tc.seed,
+        fabric.global_rank,
+        fabric.world_size,
+        True,
+        fabric.device,
+        sampler=tc.sampler,
+        instances=tc.pk_instances,
     )
     steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
@@ -388,14 +397,15 @@ def fit(
     figures: list[str] = []
     if fabric.global_rank == 0:
         if cfg.eval.viz_images > 0:
-            n = min(cfg.eval.viz_images, len(test_split))
             gen = torch.Generator(device=fabric.device).manual_seed(cfg.eval.seed)
-            images, targets = BatchLoader(test_split, n, shuffle=False, device=fabric.device).to_device(
-                test_split.images[:n], test_split.targets[:n]
-            )
             raw.eval()
             try:
-                figures = [str(p) for p in raw.visualize(images, targets, run_dir / "figures", generator=gen)]
+                figures = [
+                    str(p)
+                    for p in raw.visualize_split(
+                        test_split, run_dir / "figures", cfg.eval.viz_images, tc.eval_batch_size, generator=gen
+                    )
+                ]
             except NotImplementedError:
                 figures = []
         report["figures"] = figures

@@ -1,3 +1,3 @@
 """One module per method; importing this package registers them all."""
 
-from rlattention.methods import cnn, darp, dcpg, ram, rarl, unified  # noqa: F401
+from rlattention.methods import cnn, darp, dcpg, ram, rarl, scal, unified  # noqa: F401

@@ -173,3 +173,53 @@ def plot_completion_curves(curves: dict[str, Tensor], path: Path, ylabel: str = 
     if title:
         ax.set_title(title, fontsize=9)
     return _save(fig, path)
+
+
+def plot_reid_ranking(
+    query: Tensor,
+    maps: Tensor,
+    ranked: Tensor,
+    correct: Sequence[bool],
+    path: Path,
+    title: str = "",
+    module_names: Sequence[str] = (),
+) -> Path:
+    """A re-identification query: the query image, its attention maps over it (one panel per module) and the
+    ranked gallery strip (green frame: same identity, red: another).
+
+    query ``(C, H, W)`` (uint8 or float in [0, 1]); maps ``(M, H, W)`` in [0, 1]; ranked ``(K, C, H, W)``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def img(x: Tensor):
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        return _as_image(x)
+
+    M, K = len(maps), len(ranked)
+    cols = max(1 + M, K)
+    fig, axes = plt.subplots(2, cols, figsize=(1.3 * cols, 3.2), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    cmap = "gray" if query.shape[0] == 1 else None
+    axes[0, 0].imshow(img(query), cmap=cmap)
+    axes[0, 0].set_title("query", fontsize=8)
+    for m in range(M):
+        axes[0, 1 + m].imshow(img(query), cmap=cmap)
+        axes[0, 1 + m].imshow(maps[m].float().cpu().numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
+        axes[0, 1 + m].set_title(module_names[m] if m < len(module_names) else f"module {m}", fontsize=8)
+    for k in range(K):
+        ax = axes[1, k]
+        ax.imshow(img(ranked[k]), cmap=cmap)
+        ax.axis("on")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for side in ax.spines.values():
+            side.set_edgecolor("tab:green" if correct[k] else "tab:red")
+            side.set_linewidth(3)
+        ax.set_title(f"{k + 1}", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

@@ -1,0 +1,406 @@
+"""Self-critical attention learning for person re-identification (method ``scal``; Chen et al., ICCV 2019).
+
+An attention agent (parameters theta) inserted after the stem and after every stage of a ResNet (psi) produces
+spatial and channel attention; a critic (phi) sees the features and the attention and predicts the reward the
+attention earns; the agent is trained to maximise the critic's value, the critic to predict the reward:
+
+* spatial attention ``A^s = sigmoid(W2^s ReLU(W1^s Xbar))`` with ``Xbar`` the channel-mean map, ``W1^s`` /
+  ``W2^s`` 3 x 3 convolutions (1 -> ``spatial_hidden`` -> 1 channels, so any map size works);
+  channel attention ``A^c = sigmoid(W2^c ReLU(W1^c X_pool))`` with ``X_pool`` the global average, a
+  ``C -> C / reduction -> C`` bottleneck; combined ``A = A^s * A^c`` (broadcast) and applied as ``X * A``.
+  ``model.attention_types`` picks spatial, channel or both; ``model.positions`` where the modules sit
+  (0 = after the stem, 1..4 = after ``layer1..4``; the paper's five by default).
+* reward of an image (eq. R = R_c + R_a): ``R_c = 1`` if the identity predicted from the attended features is
+  right; ``R_a = 1`` if the true identity's probability with attention exceeds the probability without it.
+  "Without" is a second pass of the same images through the same backbone with every attention module
+  switched off (``A = 1``), without gradient and without touching BatchNorm running statistics (batch
+  statistics, as in the attended training pass). ``model.reward``: ``both`` | ``classification`` |
+  ``amelioration``.
+* critic ``V = C(X, A | phi)``: per attention module the attended features ``GAP(X * A)`` and the spatial map
+  pooled to ``4 x 4``, concatenated over the modules, layer-normalised, then an MLP to one value.
+* losses: batch-hard triplet on the pooled embedding ``f`` (margin ``m``); cross-entropy with label smoothing
+  ``eps`` on ``classifier(BN(f))`` (BNNeck: the BatchNorm before the classifier, its shift frozen); the critic
+  loss ``J_cri(theta) = -V`` and ``J_mse(phi) = (V - R)^2``.
+
+Gradient routing (tested): ``-V`` reaches theta only: the critic sees ``X`` detached and attention recomputed
+from the detached ``X`` by the agent, and is evaluated with detached copies of its parameters, so neither phi
+nor the backbone psi gets a gradient from it; ``(V - R)^2`` is computed from detached inputs, so it reaches
+phi only. Re-id losses train psi, theta and the heads as usual ("weakly supervised" attention).
+
+``model.attention``: ``none`` (the backbone alone, row (a) of the benchmark), ``weak`` (attention trained only
+by the re-id losses, (b)) or ``critic`` (self-critical, (c), default).
+
+Data (``task = "reid"``): targets ``(N, 3)`` = ``[pid, camid, role]`` with role 0 training, 1 query,
+2 gallery (:mod:`rlattention.data.reid`); evaluation embeds every image of the split and ranks the gallery
+for every query with the Market-1501 protocol (:mod:`rlattention.metrics.reid`). Train with
+``trainer.sampler: pk`` (P identities x K images per batch) so every anchor has positives in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from rlattention.data.base import ArrayDataset
+from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
+from rlattention.engine.registry import register_method
+from rlattention.metrics.reid import pairwise_distances, reid_metrics
+from rlattention.vision.resnet import ResNet, narrow_resnet, resnet50
+from rlattention.vision.transforms import random_erasing, random_shift
+
+ATTENTION_MODES = ("none", "weak", "critic")
+REWARDS = ("both", "classification", "amelioration")
+
+
+@dataclass
+class SCALConfig:
+    backbone: str = "narrow"  # narrow (CPU) | resnet50
+    width: int = 16  # narrow: first-stage width (stages width, 2w, 4w, 8w)
+    stem: str = "small"  # narrow: small (3x3, stride 1) | imagenet (7x7/2 + maxpool)
+    last_stride: int = 1
+    pretrained: str = ""  # resnet50: ImageNet weights file (.safetensors or weights-only torch), "" for none
+    attention: str = "critic"  # none | weak | critic
+    attention_types: list[str] = field(default_factory=lambda: ["spatial", "channel"])
+    positions: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    reduction: int = 16  # channel attention bottleneck C -> C / reduction (at least 4 units)
+    spatial_hidden: int = 8
+    critic_hidden: int = 128
+    reward: str = "both"  # both (R_c + R_a) | classification (R_c) | amelioration (R_a)
+    critic_weight: float = 1.0  # weight of J_cri = -V (agent)
+    mse_weight: float = 1.0  # weight of (V - R)^2 (critic)
+    margin: float = 0.3  # batch-hard triplet margin
+    triplet_weight: float = 1.0
+    label_smoothing: float = 0.1
+    ce_weight: float = 1.0
+    eval_feature: str = "after_bn"  # after_bn (BNNeck output) | before_bn (pooled features)
+    distance: str = "euclidean"  # euclidean | cosine
+    pad: int = 4  # training augmentation: zero-pad and random crop back (pixels; 0: off)
+    flip: bool = False  # random horizontal flip (on for people; off for characters)
+    erase_p: float = 0.0  # random erasing probability (0.5 is usual for people)
+
+
+class AttentionAgent(nn.Module):
+    """One spatial + channel attention module (theta). ``forward(x) -> (A, spatial map or None)``."""
+
+    def __init__(self, channels: int, types: list[str], reduction: int, spatial_hidden: int) -> None:
+        super().__init__()
+        self.spatial = (
+            nn.Sequential(
+                nn.Conv2d(1, spatial_hidden, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(spatial_hidden, 1, 3, padding=1),
+            )
+            if "spatial" in types
+            else None
+        )
+        hidden = max(4, channels // reduction)
+        self.channel = (
+            nn.Sequential(nn.Linear(channels, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, channels))
+            if "channel" in types
+            else None
+        )
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        att = torch.ones((), device=x.device, dtype=x.dtype)
+        spatial = None
+        if self.spatial is not None:
+            spatial = torch.sigmoid(self.spatial(x.mean(1, keepdim=True)))  # (B, 1, H, W)
+            att = att * spatial
+        if self.channel is not None:
+            att = att * torch.sigmoid(self.channel(x.mean((2, 3))))[:, :, None, None]  # (B, C, 1, 1)
+        return att, spatial
+
+
+class Critic(nn.Module):
+    """``V = C(X, A | phi)``: a value per image from the attended features and spatial maps of every module."""
+
+    POOL = 4
+
+    def __init__(self, channels: list[int], spatial: bool, hidden: int) -> None:
+        super().__init__()
+        self.spatial = spatial
+        d = sum(channels) + (len(channels) * self.POOL**2 if spatial else 0)
+        self.net = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1))
+
+    def inputs(self, records: list[tuple[Tensor, Tensor, Tensor | None]]) -> Tensor:
+        parts = [(x * a).mean((2, 3)) for x, a, _ in records]
+        if self.spatial:
+            parts += [F.adaptive_avg_pool2d(s, self.POOL).flatten(1) for _, _, s in records]
+        return torch.cat(parts, 1)
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.net(z).squeeze(-1)
+
+
+def batch_hard_triplet(emb: Tensor, labels: Tensor, margin: float) -> tuple[Tensor, Tensor]:
+    """Batch-hard triplet loss (Hermans et al. 2017) with Euclidean distances: for every anchor, its farthest
+    positive and nearest negative in the batch; ``mean(relu(d_ap - d_an + margin))``. Anchors without a
+    positive or a negative are left out. Returns ``(loss, fraction of anchors with d_an > d_ap)``."""
+    sq = emb.pow(2).sum(1)
+    dist = (sq[:, None] + sq[None, :] - 2.0 * emb @ emb.T).clamp_min(1e-12).sqrt()
+    same = labels[:, None] == labels[None, :]
+    eye = torch.eye(len(labels), dtype=torch.bool, device=emb.device)
+    pos = same & ~eye
+    valid = pos.any(1) & (~same).any(1)
+    d_ap = dist.masked_fill(~pos, float("-inf")).amax(1)
+    d_an = dist.masked_fill(same, float("inf")).amin(1)
+    if not bool(valid.any()):
+        zero = emb.sum() * 0.0
+        return zero, zero.detach()
+    loss = F.relu(d_ap - d_an + margin)[valid].mean()
+    return loss, (d_an > d_ap)[valid].float().mean().detach()
+
+
+def attention_rewards(
+    logits_att: Tensor, logits_plain: Tensor, labels: Tensor, kind: str = "both"
+) -> dict[str, Tensor]:
+    """``R_c = [y is the predicted identity]`` (its logit strictly above every other: a tie is not a correct
+    prediction), ``R_a = [p_y(with attention) > p_y(without)]`` (strict), and the reward
+    ``R`` of ``kind``: ``both`` (``R_c + R_a``), ``classification`` or ``amelioration``. All ``(B,)`` float."""
+    if kind not in REWARDS:
+        raise ValueError(f"model.reward must be one of {REWARDS}, got {kind!r}")
+    true = logits_att.gather(1, labels[:, None])
+    r_c = (logits_att.scatter(1, labels[:, None], float("-inf")).amax(1, keepdim=True) < true).squeeze(1).float()
+    p_att = logits_att.softmax(1).gather(1, labels[:, None]).squeeze(1)
+    p_plain = logits_plain.softmax(1).gather(1, labels[:, None]).squeeze(1)
+    r_a = (p_att > p_plain).float()
+    r = {"both": r_c + r_a, "classification": r_c, "amelioration": r_a}[kind]
+    return {"reward": r, "reward_classification": r_c, "reward_amelioration": r_a}
+
+
+class _FrozenBatchNormStats:
+    """Inside the block BatchNorm layers in training mode use batch statistics but do not update their
+    running statistics (momentum 0), so an extra diagnostic pass leaves the model's state unchanged."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    def __enter__(self) -> None:
+        self.saved = [
+            (m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None)
+            for m in self.layers
+        ]
+        for m in self.layers:
+            m.momentum = 0.0
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, (momentum, tracked) in zip(self.layers, self.saved, strict=True):
+            m.momentum = momentum
+            if tracked is not None:
+                m.num_batches_tracked.copy_(tracked)
+
+
+@register_method("scal")
+class SCAL(AttentionMethod):
+    Config = SCALConfig
+    selection_metric = ("mAP", "max")
+    task = "reid"
+
+    def __init__(self, cfg: SCALConfig, info: DataInfo) -> None:
+        super().__init__()
+        if cfg.attention not in ATTENTION_MODES:
+            raise ValueError(f"model.attention must be one of {ATTENTION_MODES}, got {cfg.attention!r}")
+        if cfg.reward not in REWARDS:
+            raise ValueError(f"model.reward must be one of {REWARDS}, got {cfg.reward!r}")
+        bad = sorted(set(cfg.attention_types) - {"spatial", "channel"})
+        if bad or not cfg.attention_types:
+            raise ValueError(
+                f"model.attention_types must be a non-empty subset of [spatial, channel], got {cfg.attention_types}"
+            )
+        if sorted(set(cfg.positions)) != sorted(cfg.positions) or not set(cfg.positions) <= set(range(5)):
+            raise ValueError(f"model.positions must be distinct stage indices in 0..4, got {cfg.positions}")
+        if cfg.eval_feature not in ("after_bn", "before_bn"):
+            raise ValueError(f"model.eval_feature must be after_bn or before_bn, got {cfg.eval_feature!r}")
+        if cfg.distance not in ("euclidean", "cosine"):
+            raise ValueError(f"model.distance must be euclidean or cosine, got {cfg.distance!r}")
+        self.cfg = cfg
+        c_in = info.image_shape[0]
+        if cfg.backbone == "resnet50":
+            self.backbone: ResNet = resnet50(c_in, cfg.last_stride)
+            if cfg.pretrained:
+                self.backbone.load_weights(cfg.pretrained)
+        elif cfg.backbone == "narrow":
+            self.backbone = narrow_resnet(c_in, cfg.width, cfg.last_stride, cfg.stem)
+        else:
+            raise ValueError(f"model.backbone must be narrow or resnet50, got {cfg.backbone!r}")
+        self.positions = sorted(cfg.positions) if cfg.attention != "none" else []
+        channels = self.backbone.stage_channels
+        self.agents = nn.ModuleDict(
+            {
+                str(i): AttentionAgent(channels[i], cfg.attention_types, cfg.reduction, cfg.spatial_hidden)
+                for i in self.positions
+            }
+        )
+        self.critic = (
+            Critic([channels[i] for i in self.positions], "spatial" in cfg.attention_types, cfg.critic_hidden)
+            if cfg.attention == "critic"
+            else None
+        )
+        d = self.backbone.out_features
+        self.bnneck = nn.BatchNorm1d(d)
+        self.bnneck.bias.requires_grad_(False)  # BNNeck: no shift before the classifier
+        self.classifier = nn.Linear(d, info.num_classes, bias=False)
+        nn.init.normal_(self.classifier.weight, std=0.001)
+
+    @classmethod
+    def from_config(cls, cfg: SCALConfig, info: DataInfo) -> SCAL:
+        return cls(cfg, info)
+
+    # -- network ---------------------------------------------------------------------------------------------
+    def feature_map(self, images: Tensor, attend: bool = True) -> tuple[Tensor, list]:
+        """The last feature map and, per attention module, ``(input X, attention A, spatial map)``."""
+        x, records = images, []
+        for i, stage in enumerate(self.backbone.stages()):
+            x = stage(x)
+            if attend and str(i) in self.agents:
+                att, spatial = self.agents[str(i)](x)
+                records.append((x, att, spatial))
+                x = x * att
+        return x, records
+
+    def embed(self, images: Tensor, attend: bool = True) -> tuple[Tensor, Tensor, list]:
+        """``(f, BN(f), records)``: the pooled embedding, its BNNeck output and the attention records."""
+        x, records = self.feature_map(images, attend)
+        f = x.mean((2, 3))
+        return f, self.bnneck(f), records
+
+    def critic_value(self, records: list, for_agent: bool) -> Tensor:
+        """``V``. ``for_agent``: gradient to theta only (detached X, attention recomputed from it, detached phi);
+        otherwise gradient to phi only (detached X and A)."""
+        assert self.critic is not None
+        if for_agent:
+            recs = []
+            for i, (x, _, _) in zip(self.positions, records, strict=True):
+                xd = x.detach()
+                att, spatial = self.agents[str(i)](xd)
+                recs.append((xd, att, spatial))
+            frozen = {k: v.detach() for k, v in self.critic.named_parameters()}
+            return functional_call(self.critic, frozen, (self.critic.inputs(recs),))
+        recs = [(x.detach(), a.detach(), None if s is None else s.detach()) for x, a, s in records]
+        return self.critic(self.critic.inputs(recs))
+
+    def augment(self, images: Tensor) -> Tensor:
+        cfg = self.cfg
+        if cfg.pad or cfg.flip:
+            images = random_shift(images, cfg.pad, cfg.flip)
+        if cfg.erase_p > 0:
+            images = random_erasing(images, cfg.erase_p)
+        return images
+
+    # -- training --------------------------------------------------------------------------------------------
+    def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        cfg = self.cfg
+        labels = targets[:, 0] if targets.ndim == 2 else targets
+        images = self.augment(images)
+        f, fb, records = self.embed(images)
+        logits = self.classifier(fb)
+        tri, tri_acc = batch_hard_triplet(f, labels, cfg.margin)
+        ce = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
+        terms = {"triplet": cfg.triplet_weight * tri, "cross_entropy": cfg.ce_weight * ce}
+        stats = {"accuracy": (logits.detach().argmax(1) == labels).float().mean(), "triplet_accuracy": tri_acc}
+        if records:
+            stats["attention_mean"] = torch.stack([a.detach().mean() for _, a, _ in records]).mean()
+        if self.critic is not None:
+            with torch.no_grad(), _FrozenBatchNormStats(self):
+                _, fb_plain, _ = self.embed(images, attend=False)
+                logits_plain = self.classifier(fb_plain)
+            rewards = attention_rewards(logits.detach(), logits_plain, labels, cfg.reward)
+            v_agent = self.critic_value(records, for_agent=True)
+            v_critic = self.critic_value(records, for_agent=False)
+            mse = (v_critic - rewards["reward"]).pow(2).mean()
+            terms["critic"] = cfg.critic_weight * -v_agent.mean()
+            terms["critic_mse"] = cfg.mse_weight * mse
+            stats.update({k: v.mean() for k, v in rewards.items()})
+            stats["value"] = v_critic.detach().mean()
+        loss = sum(terms.values())
+        return StepOutput(loss, terms, stats)
+
+    # -- evaluation ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
+        f, fb, _ = self.embed(images)
+        return fb if self.cfg.eval_feature == "after_bn" else f
+
+    def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
+        if targets.ndim != 2 or targets.shape[1] != 3:
+            raise ValueError(
+                f"scal evaluates re-id splits: targets must be (N, 3) [pid, camid, role], got {tuple(targets.shape)}"
+            )
+        q, g = targets[:, 2] == 1, targets[:, 2] == 2
+        if not bool(q.any()) or not bool(g.any()):
+            raise ValueError(
+                "a re-id evaluation split needs query (role 1) and gallery (role 2) rows; "
+                f"got {int(q.sum())} queries, {int(g.sum())} gallery"
+            )
+        dist = pairwise_distances(scores[q].float(), scores[g].float(), metric=self.cfg.distance)
+        out = reid_metrics(dist, targets[q, 0], targets[g, 0], targets[q, 1], targets[g, 1])
+        return {**out, "count": float(int(q.sum())), "gallery": float(int(g.sum()))}
+
+    # -- figures ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention_maps(self, images: Tensor) -> Tensor:
+        """``(B, M, H, W)``: every module's attention averaged over channels, resized to the image."""
+        _, records = self.feature_map(images)
+        if not records:
+            return images.new_zeros(len(images), 0, *images.shape[-2:])
+        maps = [
+            F.interpolate(
+                a.expand_as(x).mean(1, keepdim=True), size=images.shape[-2:], mode="bilinear", align_corners=False
+            )
+            for x, a, _ in records
+        ]
+        return torch.cat(maps, 1)
+
+    def visualize_split(
+        self,
+        dataset: ArrayDataset,
+        out_dir: Path,
+        num_images: int,
+        batch_size: int = 256,
+        generator: torch.Generator | None = None,
+    ) -> list[Path]:
+        """For the first ``num_images`` queries of an evaluation split: the query, its attention maps and the
+        ten best-ranked gallery images (Market protocol: same identity and camera removed; green border = same
+        identity)."""
+        from rlattention.vision.plot import plot_reid_ranking
+
+        device = next(self.parameters()).device
+        t = dataset.targets
+        q_idx = torch.nonzero(t[:, 2] == 1).squeeze(1)[:num_images]
+        g_idx = torch.nonzero(t[:, 2] == 2).squeeze(1)
+        if len(q_idx) == 0:
+            raise ValueError("visualize_split needs an evaluation split with query rows (role 1)")
+
+        def load(idx: Tensor) -> Tensor:
+            x = dataset.images[idx].to(device)
+            return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+
+        gallery = torch.cat([self.predict(load(g_idx[i : i + batch_size])) for i in range(0, len(g_idx), batch_size)])
+        queries = load(q_idx)
+        dist = pairwise_distances(self.predict(queries).float(), gallery.float(), metric=self.cfg.distance).cpu()
+        maps = self.attention_maps(queries).cpu()
+        paths = []
+        for n, qi in enumerate(q_idx.tolist()):
+            pid, cam = int(t[qi, 0]), int(t[qi, 1])
+            keep = ~((t[g_idx, 0] == pid) & (t[g_idx, 1] == cam)) & (t[g_idx, 0] != -1)
+            cand = g_idx[keep]
+            order = torch.argsort(dist[n][keep], stable=True)[:10]
+            top = cand[order]
+            path = Path(out_dir) / f"reid_query_{n:03d}.png"
+            plot_reid_ranking(
+                dataset.images[qi],
+                maps[n],
+                dataset.images[top],
+                (t[top, 0] == pid).tolist(),
+                path,
+                title=f"query id {pid}, camera {cam}",
+                module_names=[f"att{i}" for i in self.positions],
+            )
+            paths.append(path)
+        return paths
