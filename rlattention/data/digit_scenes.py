@@ -70,7 +70,8 @@ Output folder (:func:`generate_digit_scenes`), for each split ``s`` of ``train``
   "region"}, ...]}, ...]}``, box in pixels, region the index of the digit's box among the image's regions
   (:func:`read_scene_descriptions`);
 * ``{s}_scenes.npy`` uint8 ``(N, 3, H, W)``, the rendered scenes, only for the splits in ``image_splits``
-  (default dev and test: 27.6 MB per 1,000 scenes at 96 px);
+  (default dev and test: 27.6 MB per 1,000 scenes at 96 px; :func:`find_scene_images` finds the scenes
+  behind given region features, for figures);
 
 plus ``region_cnn.safetensors`` and ``manifest.json`` (generator name and version, parameters, MNIST file
 sizes, counts, feature dimension, CNN accuracies, file sizes, timings).
@@ -115,7 +116,9 @@ __all__ = [
     "WEIGHTS_NAME",
     "RegionCNN",
     "SceneDigit",
+    "SceneImages",
     "digit_sides",
+    "find_scene_images",
     "generate_digit_scenes",
     "load_region_cnn",
     "read_scene_descriptions",
@@ -1001,3 +1004,74 @@ def _swap_in(new: Path, out_dir: Path) -> None:
             aside.rmdir()
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------- figures
+
+
+@dataclass(frozen=True)
+class SceneImages:
+    """The rendered scenes of some items, found by :func:`find_scene_images` (for figures only)."""
+
+    folder: Path  # the generated dataset folder
+    split: str
+    images: np.ndarray  # uint8 (B, 3, H, W), the rendered canvases
+    boxes: np.ndarray  # float32 (B, R, 4), the region boxes (x0, y0, x1, y1) / canvas, in feature order
+    digits: list[list[SceneDigit]]  # the digits of each scene (``region``: the index of the digit's box)
+
+
+def _scene_folders(roots: Sequence[str | os.PathLike]) -> list[Path]:
+    """Generated dataset folders: each root that is one (holds a manifest), else its ``digit_scenes_*`` folders."""
+    found = []
+    for root in (Path(r).expanduser() for r in roots):
+        if (root / MANIFEST_NAME).is_file():
+            found.append(root)
+        elif root.is_dir():
+            found.extend(p for p in sorted(root.glob("digit_scenes_*")) if (p / MANIFEST_NAME).is_file())
+    return found
+
+
+def find_scene_images(
+    features: np.ndarray | Tensor,
+    image_ids: np.ndarray | Tensor,
+    roots: Sequence[str | os.PathLike] | None = None,
+    atol: float = 1e-5,
+) -> SceneImages | None:
+    """The rendered scenes behind region features, for figures; ``None`` when none is found.
+
+    features: ``(B, R, D)`` region features of ``B`` items; image_ids: ``(B,)`` the index of each item's image
+    in its split (column 0 of the image-text targets). Searched: every generated folder in ``roots`` (a root is
+    either such a folder or a cache folder holding ``digit_scenes_*`` folders; default: the default cache,
+    :func:`rlattention.data.strokes.default_cache_dir`) and every split of it whose scenes were saved
+    (``image_splits``, dev and test by default). A split matches when its saved features of those images equal
+    ``features`` (within ``atol``), so a figure never shows the wrong scene. Nothing is generated or written;
+    the feature files are memory-mapped, only the rows of ``image_ids`` are read.
+    """
+    if roots is None:
+        from rlattention.data.strokes import default_cache_dir
+
+        default = default_cache_dir()
+        roots = [default] if default is not None else []
+    feats = np.asarray(features.detach().cpu() if isinstance(features, Tensor) else features, dtype=np.float32)
+    ids = np.asarray(image_ids.detach().cpu() if isinstance(image_ids, Tensor) else image_ids, dtype=np.int64)
+    if feats.ndim != 3 or ids.shape != feats.shape[:1] or len(ids) == 0 or ids.min() < 0:
+        return None
+    for folder in _scene_folders(roots):
+        for split in SPLITS:
+            if not all((folder / name).is_file() for name in _split_files(split, with_images=True)):
+                continue
+            try:
+                saved = np.load(folder / f"{split}_ims.npy", mmap_mode="r", allow_pickle=False)
+                if saved.shape[1:] != feats.shape[1:] or ids.max() >= len(saved):
+                    continue
+                if not np.allclose(saved[ids], feats, rtol=0.0, atol=atol):
+                    continue
+                images = np.load(folder / f"{split}_scenes.npy", mmap_mode="r", allow_pickle=False)
+                boxes = np.load(folder / f"{split}_boxes.npy", mmap_mode="r", allow_pickle=False)
+                scenes = read_scene_descriptions(folder, split)
+            except (OSError, ValueError):
+                continue
+            return SceneImages(
+                folder, split, np.array(images[ids]), np.array(boxes[ids], dtype=np.float32), [scenes[i] for i in ids]
+            )
+    return None

@@ -18,14 +18,22 @@ leave-one-out baseline beta * mean of the other rewards (eq. 10).
 
 Evaluation: mean actions (no sampling), BatchNorm-free networks in eval mode; a prediction is
 ``[I_E, T_E]`` per caption and :meth:`DCPG.metrics` ranks all captions against all images of the split.
+
+Figures (:meth:`DCPG.visualize`): per item, the deterministic region and word attention (the mean over heads,
+i.e. the weights applied in eq. 11, and each head), on the rendered digit scene when it is found, with how well
+the caption matches its image among the other items' images. The words come from ``DataInfo.meta["vocab"]``,
+kept as a plain attribute and not in the checkpoint: loading a checkpoint rebuilds the data (``load_for_eval``)
+and with it the vocabulary; without one, words are shown as ``#id``.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -167,6 +175,8 @@ class DCPG(AttentionMethod):
         )
         if cfg.glove:
             self._load_glove(cfg.glove, info)
+        # the ordinary words (ids 4..) for figures; a plain attribute, not in the state dict (see the module doc)
+        self.vocab_words: list[str] = [str(w) for w in info.meta.get("vocab") or []]
 
     @classmethod
     def from_config(cls, cfg: DCPGConfig, info: DataInfo) -> DCPG:
@@ -273,5 +283,264 @@ class DCPG(AttentionMethod):
             self.text_policy(w, tokens != 0, deterministic=True).attention,
         )
 
-    def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: Any = None):
-        raise NotImplementedError("dcpg has no attention figures yet (see DCPG.attention for the weights)")
+    # ---------------------------------------------------------------- figures
+    #: Where :meth:`visualize` looks for the rendered digit scenes of its items: generated digit-scenes folders or
+    #: cache folders holding them (:func:`rlattention.data.digit_scenes.find_scene_images`); empty: the default
+    #: cache (``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``). Set it for a run with a custom
+    #: ``data.render_cache``.
+    scene_roots: tuple[str | Path, ...] = ()
+    #: At most this many figures per :meth:`visualize` call.
+    max_figures: int = 16
+
+    @torch.no_grad()
+    def _attention_heads(self, regions: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Deterministic attention of every head: regions ``(B, R, H)``, words ``(B, L, H)`` (0 on padding)."""
+        v = self.gcn(self.region_fc(regions))
+        w = self.word_fc(self.word_embedding(tokens))
+        return (
+            self.image_policy(v, None, deterministic=True).head_attention,
+            self.text_policy(w, tokens != 0, deterministic=True).head_attention,
+        )
+
+    def _words(self, tokens: Sequence[int]) -> list[str]:
+        """Token ids -> words (``<start>`` etc. for the special ids); ``#id`` without a matching vocabulary."""
+        from rlattention.data.text import SPECIAL_TOKENS
+
+        words = self.vocab_words
+        known = len(SPECIAL_TOKENS) + len(words) == self.word_embedding.num_embeddings
+        out = []
+        for t in tokens:
+            if t < len(SPECIAL_TOKENS):
+                out.append(SPECIAL_TOKENS[t])
+            else:
+                out.append(words[t - len(SPECIAL_TOKENS)] if known else f"#{t}")
+        return out
+
+    def visualize(
+        self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None
+    ) -> list[Path]:
+        """One figure per item (the first :attr:`max_figures`), ``out_dir/dcpg_attention_{item:03d}.png``.
+
+        A figure shows the deterministic (mean-action) attention of the item's regions and caption words: the
+        mean over heads (the weights applied to the features, eq. 11) and, with several heads, each head. The
+        regions are drawn as boxes shaded by their weight on the rendered scene when the item's scene is found
+        (digit scenes: :func:`~rlattention.data.digit_scenes.find_scene_images` in :attr:`scene_roots`, which
+        checks that the saved features of the scene equal the item's), else on a black square when the features
+        carry a box geometry (see :func:`_feature_boxes`), else only as bars. The title gives the caption's
+        cosine similarity to its image and the rank of its image among the distinct images of ``images`` (the
+        in-batch match the reward scores). ``generator`` is unused: the attention is deterministic.
+
+        Raises :class:`NoAttentionPolicyError` for ``model.pg: none`` (no attention to draw).
+        """
+        if self.image_policy is None or self.text_policy is None:
+            raise NoAttentionPolicyError(
+                "dcpg with model.pg=none (a Table 4 baseline) has no attention policy, so there are no attention "
+                "weights to draw: the region and word features enter the fusion unweighted"
+            )
+        from rlattention.data.digit_scenes import find_scene_images
+
+        n = min(len(images), self.max_figures)
+        regions = images[:n].flatten(1, -2) if images.ndim == 4 else images[:n]  # (n, R, F)
+        ids, tokens = targets[:n, 0], targets[:n, 1:]
+        with torch.no_grad():
+            region_heads, word_heads = (a.float().cpu().numpy() for a in self._attention_heads(regions, tokens))
+            img, _ = self.encode_images(regions, deterministic=True)
+            txt, _ = self.encode_texts(tokens, deterministic=True)
+        ids_list = ids.tolist()
+        gallery = list(dict.fromkeys(ids_list))  # the distinct images, in order of first appearance
+        sims = (txt @ img[[ids_list.index(g) for g in gallery]].T).float().cpu().numpy()  # (n, M)
+        regions_cpu = regions.detach().float().cpu()
+        scenes = find_scene_images(regions_cpu, ids.cpu(), list(self.scene_roots) or None)
+        boxes = scenes.boxes if scenes is not None else _feature_boxes(regions_cpu.numpy())
+        cfg = self.cfg
+        H = region_heads.shape[-1]
+        heading = f"DCPG attention (pg={cfg.pg}, {H} head{'s' if H > 1 else ''}, lambda={cfg.lam:g}, mean actions)"
+        paths = []
+        for i in range(n):
+            keep = [t for t in tokens[i].tolist() if t != 0]
+            words = self._words(keep)
+            L = len(words)
+            column = gallery.index(ids_list[i])
+            rank = 1 + int((sims[i] > sims[i, column]).sum())
+            match = f"cos(I_E, T_E) = {sims[i, column]:.3f}; its image ranks {rank} of {len(gallery)} in this batch"
+            if rank > 1:
+                top = int(sims[i].argmax())
+                match += f" (top: image {gallery[top]}, cos {sims[i, top]:.3f})"
+            caption = " ".join(w for w in words if not (w.startswith("<") and w.endswith(">")))
+            names = [str(k) for k in range(regions.shape[1])]
+            if scenes is not None:
+                for d in scenes.digits[i]:
+                    if 0 <= d.region < len(names):
+                        names[d.region] = f"{d.region}\n{d.colour} {d.label}"
+                where = f"scene: {scenes.folder.name}/{scenes.split} image {ids_list[i]}"
+            elif boxes is not None:
+                where = "no rendered scene found: boxes from the features' geometry on a black square"
+            else:
+                where = "no rendered scene or box geometry: regions by index"
+            paths.append(
+                _plot_attention(
+                    Path(out_dir) / f"dcpg_attention_{i:03d}.png",
+                    f'{heading}\nimage {ids_list[i]}, caption "{caption}"\n{match}',
+                    scenes.images[i] if scenes is not None else None,
+                    boxes[i] if boxes is not None else None,
+                    names,
+                    region_heads[i],
+                    words,
+                    word_heads[i, :L],
+                    where,
+                )
+            )
+        return paths
+
+
+class NoAttentionPolicyError(NotImplementedError, ValueError):
+    """:meth:`DCPG.visualize` of a model without attention policies (``model.pg: none``, the Table 4 baselines).
+    A ``NotImplementedError``, so ``fit`` writes no figures and goes on, and a ``ValueError``, so
+    ``rlattention viz`` reports it as an error message."""
+
+
+def _feature_boxes(regions: np.ndarray, tol: float = 1e-3) -> np.ndarray | None:
+    """Region boxes ``(B, R, 4)`` ``(x0, y0, x1, y1)`` in [0, 1] from the features, or ``None``.
+
+    Layout relied on (digit scenes, :mod:`rlattention.data.digit_scenes`): each region's features end with its
+    box geometry ``(x0, y0, x1, y1, area)`` divided by the canvas side. The layout is accepted only when every
+    region of every item satisfies ``0 <= x0 < x1 <= 1``, ``0 <= y0 < y1 <= 1`` and ``area = (x1 - x0)(y1 - y0)``
+    within ``tol`` (bottom-up features of real datasets carry no geometry and fail this)."""
+    if regions.ndim != 3 or regions.shape[-1] < 6:
+        return None
+    x0, y0, x1, y1, area = np.moveaxis(regions[..., -5:].astype(np.float64), -1, 0)
+    ok = (x0 >= -tol) & (y0 >= -tol) & (x1 <= 1 + tol) & (y1 <= 1 + tol) & (x0 < x1) & (y0 < y1)
+    ok &= np.abs(area - (x1 - x0) * (y1 - y0)) <= tol
+    return np.clip(regions[..., -5:-1], 0.0, 1.0).astype(np.float32) if bool(ok.all()) else None
+
+
+def _scale(weights: np.ndarray):
+    """A colour normalisation spanning ``weights`` (at least 1e-3 wide: deterministic DCPG attention
+    sigmoid(mu) lies within [0.62, 0.68], so a fixed 0..1 scale would show no difference)."""
+    from matplotlib.colors import Normalize
+
+    lo, hi = (float(weights.min()), float(weights.max())) if weights.size else (0.0, 1.0)
+    pad = max(0.0, 1e-3 - (hi - lo)) / 2
+    return Normalize(lo - pad, hi + pad)
+
+
+def _draw_regions(ax, scene: np.ndarray | None, boxes: np.ndarray, weights: np.ndarray, cmap, norm) -> None:
+    """Boxes (normalised) shaded by their weight, the most attended on top and drawn thicker, labelled with their
+    index, on the uint8 ``(3, H, W)`` scene or a black square."""
+    from matplotlib.patches import Rectangle
+
+    if scene is not None:
+        side_y, side_x = scene.shape[-2:]
+        ax.imshow(np.transpose(scene, (1, 2, 0)), extent=(0, side_x, side_y, 0))
+    else:
+        side_y = side_x = 100
+        ax.add_patch(Rectangle((0, 0), side_x, side_y, facecolor="black"))
+    for k in np.argsort(weights, kind="stable"):
+        level = float(np.clip(norm(weights[k]), 0.0, 1.0))
+        colour = cmap(level)
+        x0, y0, x1, y1 = (float(v) for v in boxes[k] * np.array([side_x, side_y, side_x, side_y]))
+        ax.add_patch(
+            Rectangle(
+                (x0, y0),
+                x1 - x0,
+                y1 - y0,
+                facecolor=(*colour[:3], 0.1 + 0.35 * level),
+                edgecolor=colour,
+                lw=0.6 + 2.4 * level,
+            )
+        )
+        ax.text(
+            x0 + 0.5,
+            y0 + 0.5,
+            str(k),
+            color="black" if level > 0.6 else "white",
+            fontsize=6,
+            ha="left",
+            va="top",
+            bbox={"facecolor": colour, "alpha": 0.85, "pad": 0.8, "linewidth": 0},
+        )
+    ax.set_xlim(0, side_x)
+    ax.set_ylim(side_y, 0)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _attention_bars(ax, labels: list[str], heads: np.ndarray, cmap, norm, ylabel: str) -> None:
+    """Bars: the mean over heads, coloured by its value; markers: each head (when there are several). The y
+    axis spans the weights' range (``norm``), so the bars show differences, not the absolute level."""
+    mean = heads.mean(-1)
+    x = np.arange(len(mean))
+    H = heads.shape[-1]
+    span = norm.vmax - norm.vmin
+    bottom = norm.vmin - 0.15 * span
+    colours = cmap(np.clip(norm(mean), 0.0, 1.0))
+    label = "mean over heads" if H > 1 else None
+    ax.bar(x, mean - bottom, bottom=bottom, color=colours, edgecolor="black", linewidth=0.5, label=label)
+    for xi, m in zip(x, mean, strict=True):
+        ax.text(xi, m + 0.03 * span, f"{m:.3f}", ha="center", va="bottom", fontsize=6)
+    if H > 1:
+        for h, marker in zip(range(H), itertools.cycle("os^vD<>"), strict=False):
+            ax.scatter(x, heads[:, h], marker=marker, s=16, zorder=3, color=f"C{h % 10}", label=f"head {h + 1}")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    long = max((len(s) for s in labels), default=0) > 3 and len(labels) > 8
+    ax.set_xticks(x, labels, fontsize=7, rotation=45 if long else 0, ha="right" if long else "center")
+    ax.set_xlim(-0.6, len(mean) - 0.4)
+    ax.set_ylim(bottom, norm.vmax + 0.25 * span)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _plot_attention(
+    path: Path,
+    title: str,
+    scene: np.ndarray | None,
+    boxes: np.ndarray | None,
+    region_names: list[str],
+    region_heads: np.ndarray,
+    words: list[str],
+    word_heads: np.ndarray,
+    note: str,
+) -> Path:
+    """One item's figure: [region boxes: mean, head 1, ...] / region bars / word bars. Writes a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    from matplotlib.cm import ScalarMappable
+
+    cmap = plt.get_cmap("viridis")
+    region_norm, word_norm = _scale(region_heads), _scale(word_heads)
+    H = region_heads.shape[-1]
+    panels = [("mean over heads (applied)" if H > 1 else "region attention", region_heads.mean(-1))]
+    if H > 1:
+        panels += [(f"head {h + 1}", region_heads[:, h]) for h in range(H)]
+    if boxes is None:
+        panels = []
+    ratios = ([3.0] if panels else []) + [1.7, 1.7]
+    cols = max(1, len(panels))
+    width = max(3.0 * cols + 1.0, 0.5 * len(words) + 2.0, 0.75 * len(region_names) + 2.0, 6.5)
+    fig = plt.figure(figsize=(width, sum(ratios) + 1.3), layout="constrained")
+    grid = fig.add_gridspec(len(ratios), cols, height_ratios=ratios)
+    if panels:
+        axes = [fig.add_subplot(grid[0, c]) for c in range(cols)]
+        for ax, (name, weights) in zip(axes, panels, strict=True):
+            norm = _scale(weights)  # each panel its own scale: which regions this head prefers
+            _draw_regions(ax, scene, boxes, weights, cmap, norm)  # type: ignore[arg-type]
+            ax.set_title(name, fontsize=8)
+            bar = fig.colorbar(
+                ScalarMappable(norm, cmap), cax=ax.inset_axes([0.1, -0.08, 0.8, 0.04]), orientation="horizontal"
+            )
+            bar.ax.tick_params(labelsize=6)
+            bar.ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(3))
+    _attention_bars(fig.add_subplot(grid[-2, :]), region_names, region_heads, cmap, region_norm, "region attention")
+    _attention_bars(fig.add_subplot(grid[-1, :]), words, word_heads, cmap, word_norm, "word attention")
+    scales = "each box panel has its own colour scale; bar axes span the weights of all heads"
+    fig.suptitle(f"{title}\n{note}; {scales}", fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

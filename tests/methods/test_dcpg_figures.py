@@ -1,0 +1,89 @@
+"""benchmarks/dcpg_figures.py: the reward curve from a run's logs (metrics.csv, else the TensorBoard events)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dcpg_figures.py"
+
+
+@pytest.fixture(scope="module")
+def figures():
+    spec = importlib.util.spec_from_file_location("dcpg_figures", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_metrics(run: Path, rows: list[dict]) -> None:
+    """A metrics.csv as Lightning's CSV logger writes it: step + every key, blank where a row lacks it."""
+    keys = sorted({k for row in rows for k in row} - {"step"})
+    lines = [",".join(["step", *keys])]
+    lines += [",".join([str(row["step"]), *(str(row.get(k, "")) for k in keys)]) for row in rows]
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def dcpg_rows() -> list[dict]:
+    rows = [
+        {"step": s, "train/loss": 5.0 - s / 100, "train/reward": s / 400, "train/reward_image": s / 500}
+        for s in (50, 100, 150, 200)
+    ]
+    rows.append({"step": 200, "val/rsum": 120.0})  # validation at the end of the epoch
+    rows.append({"step": 150, "train/loss": 3.0, "train/reward": 0.9})  # re-logged after a resume: the last counts
+    rows.append({"step": 250, "train/loss": 2.0, "train/reward": 0.7, "train/reward_image": 0.6})
+    return rows
+
+
+def test_read_metric_keeps_one_value_per_step_in_order(tmp_path, figures):
+    write_metrics(tmp_path / "run", dcpg_rows())
+    steps, values = figures.read_metric(tmp_path / "run", "train/reward")
+    assert steps.tolist() == [50, 100, 150, 200, 250]
+    np.testing.assert_allclose(values, [0.125, 0.25, 0.9, 0.5, 0.7])
+    steps, values = figures.read_metric(tmp_path / "run", "val/rsum")
+    assert steps.tolist() == [200] and values.tolist() == [120.0]
+    assert len(figures.read_metric(tmp_path / "run", "train/nothing")[0]) == 0
+    with pytest.raises(FileNotFoundError, match="metrics.csv"):
+        figures.read_metric(tmp_path / "missing", "train/reward")
+
+
+def test_reward_curve_png_for_dcpg_and_baseline_runs(tmp_path, figures):
+    write_metrics(tmp_path / "dcpg", dcpg_rows())
+    write_metrics(tmp_path / "baseline", [{"step": 50, "train/loss": 4.0}, {"step": 100, "val/rsum": 90.0}])
+    out = figures.plot_reward_curves(
+        figures.parse_runs([str(tmp_path / "dcpg"), f"base={tmp_path / 'baseline'}"]),
+        tmp_path / "figs" / "reward.png",
+        keys=["train/reward", "train/reward_image"],
+        smooth=3,
+    )
+    assert out.is_file() and out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="train/reward"):  # a baseline alone has no reward to plot
+        figures.plot_reward_curves([tmp_path / "baseline"], tmp_path / "none.png")
+
+
+def test_command_line_and_helpers(tmp_path, figures, capsys):
+    write_metrics(tmp_path / "run", dcpg_rows())
+    assert figures.main([str(tmp_path / "run"), "--out", str(tmp_path / "r.png"), "--smooth", "1"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r.png") and (tmp_path / "r.png").is_file()
+    assert figures.main([str(tmp_path / "run")]) == 0  # default: <run>/figures/dcpg_reward.png
+    assert (tmp_path / "run" / "figures" / "dcpg_reward.png").is_file()
+    assert list(figures.parse_runs(["a=/x/run1", "/y/run1", "/z/run1"])) == ["a", "run1", "run1 (2)"]
+    np.testing.assert_allclose(figures.moving_average(np.arange(5.0), 3), [0.5, 1, 2, 3, 3.5])
+    assert figures.first_caption_items([0, 0, 0, 1, 1, 2, 2, 3], 3) == [0, 3, 5]
+
+
+def test_reads_the_tensorboard_events_of_a_run_in_progress(tmp_path, figures):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "run" / "tb"))
+    for step in (50, 100, 150):
+        writer.add_scalar("train/reward", step / 100, step)
+    writer.close()
+    steps, values = figures.read_metric(tmp_path / "run", "train/reward")
+    assert steps.tolist() == [50, 100, 150]
+    np.testing.assert_allclose(values, [0.5, 1.0, 1.5])
