@@ -35,18 +35,18 @@ already normalised so that its longer side spans exactly 190 units, centred at 1
 bounding box would only zoom by about 1.2; the fixed frame keeps the sketch aligned with its photo and every
 partial in the same place.
 
-``omniglot_sketch`` (Omniglot, Lake et al. Science 2015, small background sets): a stand-in retrieval task
-with strokes. The folder ``omniglot/`` holds ``images_background_small{k}.zip`` and
-``strokes_background_small{k}.zip`` (read in place) for the subsets ``k`` of ``cfg.omniglot_subsets`` (default
-``[1]``: 136 characters; ``[1, 2]``: 292). A character, keyed by ``(subset, alphabet, character)``, was drawn
-by 20 drawers. Its gallery "photo" is the PNG of its *first* drawer (lowest drawing name, ``..._01``); the
-queries are the strokes of the 19 other drawers. The first drawer's own strokes are not used: the PNG is a
-rendering of exactly those strokes, so matching them would be trivial, while another person's drawing of the
-same character is a genuine fine-grained match. The PNG (black ink on white) is kept as a grayscale photo
-replicated to 3 channels; the sketches are rendered in the PNG's frame, :data:`rlattention.data.strokes.
-OMNIGLOT_FRAME`. Splits are by character: a seeded ``cfg.test_fraction`` of the characters is the test split,
-``cfg.val_size`` characters of the rest (seeded, as above) the validation split. Photo ids are
-``small{k}/<alphabet>/<character>/<drawing>``.
+``omniglot_sketch`` (Omniglot, Lake et al. Science 2015, small background sets): a stand-in retrieval task with
+strokes. The folder ``omniglot/`` holds ``images_background_small{k}.zip`` and ``strokes_background_small{k}.zip``
+(read in place) for the subsets ``k`` of ``cfg.omniglot_subsets`` (default ``[1]``: 136 characters; ``[1, 2]``:
+242, since small2's Greek and Latin characters (50) are small1's, with byte-identical drawings, and are read once,
+from small1). A character, keyed by ``(subset, alphabet, character)``, was drawn by 20 drawers. Its gallery "photo"
+is the PNG of its *first* drawer (lowest drawing name, ``..._01``); the queries are the strokes of the 19 other
+drawers. The first drawer's own strokes are not used: the PNG is a rendering of exactly those strokes, so matching
+them would be trivial, while another person's drawing of the same character is a genuine fine-grained match. The
+PNG (black ink on white) is kept as a grayscale photo replicated to 3 channels; the sketches are rendered in the
+PNG's frame, :data:`rlattention.data.strokes.OMNIGLOT_FRAME`. Splits are by character: a seeded
+``cfg.test_fraction`` of the characters is the test split, ``cfg.val_size`` characters of the rest (seeded, as
+above) the validation split. Photo ids are ``small{k}/<alphabet>/<character>/<drawing>``.
 """
 
 from __future__ import annotations
@@ -254,10 +254,14 @@ def load_omniglot_sketch_index(root: str | os.PathLike, subsets: Sequence[int] =
     subsets = _check_subsets(subsets)
     folder = find_omniglot_dir(root, subsets)
     characters: list[tuple[str, int, str, list[str]]] = []  # (photo id, subset, png member, stroke members)
+    seen: set[tuple[str, str]] = set()
     for k in subsets:
         images_zip, strokes_zip = (folder / name for name in OMNIGLOT_SUBSETS[k])
         pngs, strokes = _drawings(images_zip, ".png"), _drawings(strokes_zip, ".txt")
         for (alphabet, character), members in sorted(pngs.items()):
+            if (alphabet, character) in seen:  # small2 repeats small1's Greek and Latin (identical drawings)
+                continue
+            seen.add((alphabet, character))
             if len(members) < 2:
                 raise SketchFormatError(
                     f"{images_zip}: character {alphabet}/{character} has {len(members)} drawing(s); need >= 2 "
