@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--step-size", type=float, default=0.01, help="PGD: step size")
     e.add_argument("--steps", type=int, default=20, help="PGD: number of steps")
 
-    v = sub.add_parser("viz", help="write glimpse figures for a checkpoint")
+    v = sub.add_parser("viz", help="write attention figures (glimpses, attention maps, ranked galleries) for a checkpoint")
     v.add_argument("checkpoint")
     v.add_argument("--data-dir")
     v.add_argument("--split", default="test", choices=["test", "val", "train"])
@@ -103,7 +103,7 @@ def _fit(args) -> int:
     )
     print(f"run folder: {report['run_dir']}")
     if report.get("figures"):
-        print(f"glimpse figures: {Path(report['figures'][0]).parent}")
+        print(f"figures: {Path(report['figures'][0]).parent}")
     return 0
 
 
@@ -111,6 +111,12 @@ def _format_metrics(m: dict) -> str:
     """``accuracy 97.90% (error 2.10%)`` for classification, ``mAP 61.2%, CF1 ...`` for multi-label."""
     if "accuracy" in m:
         return f"accuracy {100 * m['accuracy']:.2f}% (error {m['error']:.2f}%)"
+    if "rank1" in m and "mAP" in m:  # re-identification: CMC and mAP are already percentages
+        cmc = ", ".join(f"rank-{k[4:]} {m[k]:.1f}%" for k in m if k.startswith("rank") and k[4:].isdigit())
+        return (
+            f"{cmc}, mAP {m['mAP']:.1f}% ({int(m.get('num_queries', 0))} queries, {int(m.get('num_skipped', 0))} "
+            f"skipped, gallery {int(m.get('gallery', 0))})"
+        )
     if "rsum" in m:  # image-text retrieval: recalls are already percentages, ranks are 1-based
         recalls = ", ".join(f"{k} {m[k]:.1f}" for k in m if k[4:] in ("r1", "r5", "r10"))
         return f"{recalls}, rsum {m['rsum']:.1f}, medr {m['i2t_medr']:g}/{m['t2i_medr']:g} (i2t/t2i)"

@@ -66,7 +66,7 @@ class EvalConfig:
     split: str = "test"  # test | val
     mc_samples: int = 0  # 0: mean actions; M > 0: average over M sampled episodes
     seed: int = 1234  # seed of evaluation randomness (initial locations, MC samples)
-    viz_images: int = 6  # glimpse figures written at the end of fit (0: none)
+    viz_images: int = 6  # attention figures written at the end of fit (0: none)
 
 
 @dataclass

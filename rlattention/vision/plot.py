@@ -184,8 +184,9 @@ def plot_reid_ranking(
     title: str = "",
     module_names: Sequence[str] = (),
 ) -> Path:
-    """A re-identification query: the query image, its attention maps over it (one panel per module) and the
-    ranked gallery strip (green frame: same identity, red: another).
+    """A re-identification query: the query image, its attention maps over it (one panel per module, each on its
+    own colour scale, its range in the title) and the ranked gallery strip (green frame: same identity, red:
+    another).
 
     query ``(C, H, W)`` (uint8 or float in [0, 1]); maps ``(M, H, W)`` in [0, 1]; ranked ``(K, C, H, W)``.
     """
@@ -206,10 +207,13 @@ def plot_reid_ranking(
     cmap = "gray" if query.shape[0] == 1 else None
     axes[0, 0].imshow(img(query), cmap=cmap)
     axes[0, 0].set_title("query", fontsize=8)
-    for m in range(M):
+    for m in range(M):  # each map on its own colour scale (attention often varies over a narrow range)
+        a = maps[m].float().cpu()
+        lo, hi = float(a.min()), float(a.max())
         axes[0, 1 + m].imshow(img(query), cmap=cmap)
-        axes[0, 1 + m].imshow(maps[m].float().cpu().numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
-        axes[0, 1 + m].set_title(module_names[m] if m < len(module_names) else f"module {m}", fontsize=8)
+        axes[0, 1 + m].imshow(a.numpy(), cmap="jet", alpha=0.5, vmin=lo, vmax=max(hi, lo + 1e-6))
+        name = module_names[m] if m < len(module_names) else f"module {m}"
+        axes[0, 1 + m].set_title(f"{name}\n{lo:.2f}-{hi:.2f}", fontsize=7)
     for k in range(K):
         ax = axes[1, k]
         ax.imshow(img(ranked[k]), cmap=cmap)
