@@ -87,3 +87,27 @@ def test_reads_the_tensorboard_events_of_a_run_in_progress(tmp_path, figures):
     steps, values = figures.read_metric(tmp_path / "run", "train/reward")
     assert steps.tolist() == [50, 100, 150]
     np.testing.assert_allclose(values, [0.5, 1.0, 1.5])
+
+
+def test_table4_rows_from_run_folders(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("dcpg_table", SCRIPT.parent / "dcpg_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    import json
+
+    import yaml
+
+    test = {"i2t_r1": 60.6, "i2t_r5": 88.0, "i2t_r10": 94.3, "t2i_r1": 30.7, "t2i_r5": 56.2, "t2i_r10": 67.1}
+    for name, model in [("base", {"pg": "none"}), ("full", {"heads": 1, "pg_baseline": True, "reward": "ap"})]:
+        run = tmp_path / name
+        run.mkdir()
+        report = {"test": {**test, "rsum": sum(test.values())}, "best_val_rsum": 390.0, "epochs": 2, "train_seconds": 9}
+        (run / "report.json").write_text(json.dumps(report))
+        (run / "config.yaml").write_text(yaml.safe_dump({"model": model}))
+    assert table.main([str(tmp_path / "base"), str(tmp_path / "full")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("| `base` | triplet + instance + text decoding | 60.6 | 88.0")
+    assert "PG discrete-continuous, 1 head, reward ap, λ = 20, PG baseline β = 0.5" in out[3]
+    assert "| 396.9 | 390.0 | 2 | 9 s |" in out[3]
+    with pytest.raises(SystemExit, match="no report.json"):
+        table.main([str(tmp_path)])
