@@ -12,6 +12,7 @@ EPILOG = """examples:
   rlattention fit --config configs/ram_mnist.yaml --data-dir ../shared/data/mnist model.num_glimpses=8
   rlattention fit --resume runs/ram_mnist                    # continue from runs/ram_mnist/checkpoints/last.ckpt
   rlattention eval runs/ram_mnist/checkpoints/best.ckpt --mc-samples 10
+  rlattention eval runs/ram_mnist/checkpoints/best.ckpt --devices 2 --json   # 2 processes, same metrics
   rlattention viz runs/ram_mnist/checkpoints/best.ckpt --num-images 8
 """
 
@@ -39,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=1234)
     e.add_argument("--batch-size", type=int, default=1000)
     e.add_argument("--accelerator", default="cpu")
+    e.add_argument(
+        "--devices", type=int, default=1, help="evaluate with N processes (their scores are gathered: same metrics)"
+    )
+    e.add_argument("--strategy", default="auto", help="Lightning strategy (auto: ddp when --devices > 1)")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
     e.add_argument("--limit", type=int, default=0, help="evaluate only the first N images of the split")
     e.add_argument("--attack", choices=["pgd"], help="evaluate on adversarial images (L-inf PGD)")
@@ -46,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--step-size", type=float, default=0.01, help="PGD: step size")
     e.add_argument("--steps", type=int, default=20, help="PGD: number of steps")
 
-    v = sub.add_parser("viz", help="write attention figures (glimpses, attention maps, ranked galleries) for a checkpoint")
+    v = sub.add_parser(
+        "viz", help="write attention figures (glimpses, attention maps, ranked galleries) for a checkpoint"
+    )
     v.add_argument("checkpoint")
     v.add_argument("--data-dir")
     v.add_argument("--split", default="test", choices=["test", "val", "train"])
@@ -95,6 +102,10 @@ def _fit(args) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
     report = fit(cfg, data_dir=args.data_dir, resume=args.resume)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return 0  # several processes: rank 0 reports
     split = cfg.eval.split
     how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean actions"
     print(
@@ -143,7 +154,13 @@ def _eval(args) -> int:
         args.accelerator,
         attack=attack,
         limit=args.limit,
+        devices=args.devices,
+        strategy=args.strategy,
     )
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # every process has the metrics of the whole split; one prints them
+        return 0
     if args.json:
         print(json.dumps(m))
     else:

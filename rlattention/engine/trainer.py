@@ -12,7 +12,9 @@ import csv
 import json
 import math
 import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,24 @@ def _csv_logger(run_dir: Path, resume: bool) -> CSVLogger:
     return logger
 
 
+def _strategy(name: str, devices: Any):
+    """``ddp`` (also ``auto`` with several devices outside interactive sessions, where Lightning picks ``ddp``
+    too): Lightning's DDP with ``find_unused_parameters=True``. Some methods have trainable parameters that a step
+    leaves without a gradient (e.g. the ``w_mean`` head of dcpg's policies, which only ``pg: continuous`` uses),
+    which plain DDP rejects at the next step. ``ddp_find_unused_parameters_false``: plain DDP (a little faster
+    where every step uses every parameter). Other names go to Lightning as they are."""
+    interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
+    if name == "ddp" or (name == "auto" and isinstance(devices, int) and devices > 1 and not interactive):
+        from lightning.fabric.strategies import DDPStrategy
+
+        return DDPStrategy(find_unused_parameters=True)
+    if name == "ddp_find_unused_parameters_false":
+        from lightning.fabric.strategies import DDPStrategy
+
+        return DDPStrategy(find_unused_parameters=False)
+    return name
+
+
 def _make_fabric(cfg: ExperimentConfig, run_dir: Path | None, resume: bool = False) -> Fabric:
     tc = cfg.trainer
     loggers = []
@@ -121,11 +141,97 @@ def _make_fabric(cfg: ExperimentConfig, run_dir: Path | None, resume: bool = Fal
     return Fabric(
         accelerator=tc.accelerator,
         devices=tc.devices,
-        strategy=tc.strategy,
+        strategy=_strategy(tc.strategy, tc.devices),
         precision=tc.precision,
         plugins=[AtomicCheckpointIO()],
         loggers=loggers,
     )
+
+
+def _eval_ranges(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """The evaluation batches of a split of ``n`` items: contiguous ``[start, stop)`` ranges in item order."""
+    return [(s, min(n, s + batch_size)) for s in range(0, n, batch_size)]
+
+
+def _predict_ranges(
+    fabric: Fabric,
+    model: AttentionMethod,
+    dataset: ArrayDataset,
+    ranges: list[tuple[int, int]],
+    mc_samples: int,
+    generator: torch.Generator,
+    bar=None,
+) -> list[torch.Tensor]:
+    """``model.predict_batch`` on each ``[start, stop)`` range of ``dataset``, in order (float32, on the CPU)."""
+    loader = BatchLoader(dataset, 1, shuffle=False, drop_last=False, device=fabric.device)  # for to_device only
+    scores = []
+    for a, b in ranges:
+        sel = torch.arange(a, b)
+        images, targets = loader.to_device(dataset.images[sel], dataset.targets[sel])
+        with fabric.autocast():
+            out = model.predict_batch(images, targets, mc_samples=mc_samples, generator=generator)
+        scores.append(out.float().cpu())
+        if bar is not None:
+            bar.update(1)
+    return scores
+
+
+def _any_rank(fabric: Fabric, flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on at least one (a collective: every rank must call it)."""
+    flags = fabric.all_gather(torch.tensor([float(flag)], device=fabric.device))
+    return bool(flags.sum() > 0)
+
+
+def _gather_in_order(fabric: Fabric, local: list[torch.Tensor], ranges: list[tuple[int, int]], n: int) -> torch.Tensor:
+    """Every rank's scores of its ranges (``ranges[rank::world_size]``) -> the scores of all ``n`` items in item
+    order, on every rank. Shards are zero-padded to one length for ``all_gather``; the padding is dropped."""
+    W, r = fabric.world_size, fabric.global_rank
+    counts = [sum(b - a for a, b in ranges[q::W]) for q in range(W)]
+    # rank 0 always has a batch; a rank without one learns the shape of a score from it
+    tail = fabric.broadcast(tuple(local[0].shape[1:]) if r == 0 else None, src=0)
+    padded = torch.zeros((max(counts), *tail), dtype=torch.float32)
+    if local:
+        mine = torch.cat(local)
+        padded[: len(mine)] = mine
+    gathered = fabric.all_gather(padded.to(fabric.device)).cpu()  # (W, max(counts), ...)
+    full = torch.empty((n, *tail), dtype=torch.float32)
+    for q in range(W):
+        if counts[q]:
+            index = torch.cat([torch.arange(a, b) for a, b in ranges[q::W]])
+            full[index] = gathered[q, : counts[q]]
+    return full
+
+
+def _sync_buffers(fabric: Fabric, model: torch.nn.Module) -> None:
+    """Give every rank rank 0's buffers (BatchNorm running statistics...), as DDP does before each training forward:
+    the last training step updated them from each rank's own batch. Rank 0's are what the checkpoint holds."""
+    if fabric.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        for b in model.buffers():
+            torch.distributed.broadcast(b.data, src=0)
+
+
+def _sharded_scores(
+    fabric: Fabric, model: AttentionMethod, dataset: ArrayDataset, batch_size: int, seed: int, progress: bool
+) -> torch.Tensor | None:
+    """Mean-action scores of the whole split, each rank predicting batches ``rank, rank + W, ...`` (the same
+    batches as one process), gathered in item order. None when the model drew from the evaluation generator:
+    its draws depend on every earlier batch of the one seeded stream, which a rank cannot reproduce, so the
+    caller then evaluates the whole split on every rank (numbers identical to one process either way)."""
+    ranges = _eval_ranges(len(dataset), batch_size)
+    mine = ranges[fabric.global_rank :: fabric.world_size]
+    gen = torch.Generator(device=fabric.device).manual_seed(seed)
+    fresh = gen.get_state()
+    bar = tqdm(total=len(mine), desc="eval", leave=False, disable=not progress or fabric.global_rank != 0)
+    try:
+        local = _predict_ranges(fabric, model, dataset, mine[:1], 0, gen, bar)  # one batch, then ask every rank
+        if _any_rank(fabric, not torch.equal(gen.get_state(), fresh)):
+            return None
+        local += _predict_ranges(fabric, model, dataset, mine[1:], 0, gen, bar)
+        if _any_rank(fabric, not torch.equal(gen.get_state(), fresh)):
+            return None
+    finally:
+        bar.close()
+    return _gather_in_order(fabric, local, ranges, len(dataset))
 
 
 @torch.no_grad()
@@ -138,18 +244,30 @@ def evaluate(
     seed: int = 1234,
     progress: bool = False,
 ) -> dict[str, float]:
-    """Metrics of ``model`` on ``dataset``: eval mode, seeded, mean actions unless ``mc_samples > 0``."""
+    """Metrics of ``model`` on ``dataset``: eval mode, seeded, mean actions unless ``mc_samples > 0``.
+
+    With several processes each rank predicts its share of the batches and the scores are gathered, so every
+    rank computes the metrics of the whole split and gets the numbers of one process (every rank first takes
+    rank 0's buffers, e.g. BatchNorm statistics, which the checkpoint holds). Evaluations that draw random
+    numbers (``mc_samples > 0``, a random initial glimpse) use one seeded stream across the batches; to keep
+    those numbers identical to one process, every rank then evaluates the whole split."""
     model = _unwrap(model)
+    _sync_buffers(fabric, model)
     was_training = model.training
     model.eval()
-    loader = BatchLoader(dataset, batch_size, shuffle=False, drop_last=False, device=fabric.device)
-    gen = torch.Generator(device=fabric.device).manual_seed(seed)
-    scores = []
-    for images, targets in tqdm(loader, desc="eval", leave=False, disable=not progress or fabric.global_rank != 0):
-        with fabric.autocast():
-            scores.append(model.predict_batch(images, targets, mc_samples=mc_samples, generator=gen).float().cpu())
-    model.train(was_training)
-    return model.metrics(torch.cat(scores), dataset.targets.cpu())
+    try:
+        scores = None
+        if fabric.world_size > 1 and mc_samples <= 0:
+            scores = _sharded_scores(fabric, model, dataset, batch_size, seed, progress)
+        if scores is None:
+            gen = torch.Generator(device=fabric.device).manual_seed(seed)
+            ranges = _eval_ranges(len(dataset), batch_size)
+            show = progress and fabric.global_rank == 0
+            with tqdm(total=len(ranges), desc="eval", leave=False, disable=not show) as bar:
+                scores = torch.cat(_predict_ranges(fabric, model, dataset, ranges, mc_samples, gen, bar))
+    finally:
+        model.train(was_training)
+    return model.metrics(scores, dataset.targets.cpu())
 
 
 def evaluate_under_attack(
@@ -164,17 +282,29 @@ def evaluate_under_attack(
     progress: bool = False,
 ) -> dict[str, float]:
     """Metrics on PGD (L-inf) adversarial images: the attack follows the model's deterministic, differentiable
-    forward (:meth:`AttentionMethod.attack_logits`); the prediction is then the usual deterministic one."""
+    forward (:meth:`AttentionMethod.attack_logits`); the prediction is then the usual deterministic one.
+
+    With several processes rank ``r`` attacks batches ``r, r + W, ...``; the model's randomness is seeded per
+    batch (``seed + i``) and the random starts of the batches it skips are drawn and discarded, so every batch
+    sees the random start of one process and the gathered metrics equal those of one process."""
     from rlattention.vision.adversarial import pgd_attack
 
     model = _unwrap(model)
+    _sync_buffers(fabric, model)
     model.eval()
-    loader = BatchLoader(dataset, batch_size, shuffle=False, drop_last=False, device=fabric.device)
+    W, r = fabric.world_size, fabric.global_rank
+    loader = BatchLoader(dataset, 1, shuffle=False, drop_last=False, device=fabric.device)  # for to_device only
+    ranges = _eval_ranges(len(dataset), batch_size)
     gen = torch.Generator(device=fabric.device).manual_seed(seed)
     scores = []
-    for i, (images, targets) in enumerate(
-        tqdm(loader, desc="pgd", leave=False, disable=not progress or fabric.global_rank != 0)
-    ):
+    for i, (a, b) in enumerate(tqdm(ranges, desc="pgd", leave=False, disable=not progress or fabric.global_rank != 0)):
+        sel = torch.arange(a, b)
+        if i % W != r:
+            if epsilon > 0:  # pgd_attack's random start: one uniform draw of the batch's shape
+                shape = (b - a, *dataset.images.shape[1:])
+                torch.rand(shape, generator=gen, device=fabric.device, dtype=torch.float32)
+            continue
+        images, targets = loader.to_device(dataset.images[sel], dataset.targets[sel])
         adv = pgd_attack(
             lambda z, i=i: model.attack_logits(z, seed=seed + i),
             images,
@@ -187,7 +317,41 @@ def evaluate_under_attack(
         with torch.no_grad():
             batch_gen = torch.Generator(device=fabric.device).manual_seed(seed + i)
             scores.append(model.predict(adv, generator=batch_gen).float().cpu())
-    return model.metrics(torch.cat(scores), dataset.targets.cpu())
+    full = _gather_in_order(fabric, scores, ranges, len(dataset)) if W > 1 else torch.cat(scores)
+    return model.metrics(full, dataset.targets.cpu())
+
+
+def params_fingerprint(model: torch.nn.Module) -> tuple[list[str], torch.Tensor]:
+    """Names of the parameters and ``(P, 2)`` float64 [sum, sum of squares] of each: a cheap fingerprint."""
+    names, rows = [], []
+    for name, p in _unwrap(model).named_parameters():
+        d = p.detach().double()
+        names.append(name)
+        rows.append(torch.stack((d.sum(), d.square().sum())))
+    return names, torch.stack(rows) if rows else torch.zeros(0, 2, dtype=torch.float64)
+
+
+def check_params_in_sync(fabric: Fabric, model: torch.nn.Module) -> bool:
+    """Whether every rank holds the same parameters (fingerprints gathered from all ranks; a collective).
+    Warns, naming the first parameter that differs, when they do not."""
+    if fabric.world_size == 1:
+        return True
+    names, local = params_fingerprint(model)
+    every = fabric.all_gather(local.to(fabric.device)).cpu()  # (W, P, 2)
+    same = (every == every[:1]) | (every.isnan() & every[:1].isnan())
+    differ = (~same).flatten(2).any(-1).any(0)  # (P,)
+    if not bool(differ.any()):
+        return True
+    if fabric.global_rank == 0:
+        k = int(differ.nonzero()[0])
+        ranks = [q for q in range(fabric.world_size) if not bool(same[q, k].all())]
+        warnings.warn(
+            f"parameters differ across the {fabric.world_size} processes after training: first {names[k]!r} "
+            f"(sum, sum of squares on rank 0 {every[0, k].tolist()}, differing on rank(s) {ranks}); "
+            f"{int(differ.sum())} of {len(names)} parameters differ. The checkpoint holds rank 0's weights.",
+            stacklevel=2,
+        )
+    return False
 
 
 def _resolve_checkpoint(path: str | Path) -> Path:
@@ -225,7 +389,8 @@ def fit(
 
     fabric.seed_everything(tc.seed, verbose=False)  # same initial weights on every rank
     if splits is None:
-        splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
+        with fabric.rank_zero_first():  # rank 0 writes any render cache; the others then read it
+            splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
     model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)))
     model.on_fit_start(splits)
@@ -375,6 +540,9 @@ def fit(
                 )
         save("last")
 
+    # DDP averages the gradients, so every rank must end with the same weights; check before they are replaced.
+    in_sync = check_params_in_sync(fabric, model)
+
     # Final report: the model selected on validation, evaluated once on the requested split.
     best_path = ckpt_dir / "best.ckpt"
     if best_path.is_file():
@@ -390,6 +558,8 @@ def fit(
         "epochs": progress.epoch,
         "steps": progress.step,
         "train_seconds": round(progress.wall_time, 1),
+        "world_size": fabric.world_size,
+        "params_in_sync": in_sync,
         "best_epoch": progress.best_epoch,
         f"best_val_{metric_name}": progress.best_value,
         cfg.eval.split: test_metrics,
@@ -425,12 +595,22 @@ def _diverged(out, step: int) -> None:
     )
 
 
-def load_for_eval(path: str | Path, data_dir: str | None = None, overrides: dict | None = None):
-    """Load a checkpoint (weights only) and rebuild its model and data. Returns (cfg, model, splits)."""
-    ckpt = load_checkpoint_file(_resolve_checkpoint(path))
+def load_for_eval(
+    path: str | Path, data_dir: str | None = None, overrides: dict | None = None, fabric: Fabric | None = None
+):
+    """Load a checkpoint (weights only) and rebuild its model and data. Returns (cfg, model, splits).
+    fabric: a launched multi-process Fabric, so that rank 0 builds the data (and its caches) first."""
+    return _build_for_eval(load_checkpoint_file(_resolve_checkpoint(path)), path, data_dir, fabric)
+
+
+def _build_for_eval(ckpt: dict, path: str | Path, data_dir: str | None, fabric: Fabric | None):
     cfg_dict = ckpt["config"]
     cfg = from_dict(cfg_dict, source=f"{path} (config)")
-    splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
+    if fabric is not None and fabric.world_size > 1:
+        with fabric.rank_zero_first():
+            splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
+    else:
+        splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     model = get_method(cfg.method).from_config(
         cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
     )
@@ -463,16 +643,31 @@ def evaluate_checkpoint(
     accelerator: str = "cpu",
     attack: dict | None = None,
     limit: int = 0,
+    devices: int = 1,
+    strategy: str = "auto",
+    fabric: Fabric | None = None,
 ) -> dict[str, float]:
     """Evaluate a checkpoint; ``attack={"epsilon", "step_size", "steps"}`` evaluates under PGD instead.
-    limit: evaluate only the first ``limit`` images (0: all)."""
-    cfg, model, splits = load_for_eval(path, data_dir)
+    limit: evaluate only the first ``limit`` images (0: all).
+
+    devices > 1 evaluates with that many processes (``strategy`` "auto" then means "ddp"): each scores its share
+    of the batches, the scores are gathered and every process returns the metrics of the whole split, equal to
+    those of one process. Fabric's launcher starts the other processes by re-running this program's command
+    line (as ``rlattention eval --devices N`` does), unless they were started by torchrun or SLURM. ``fabric``:
+    an already launched Fabric to use instead (``accelerator``, ``devices`` and ``strategy`` are then ignored)."""
     if split not in ("test", "val", "train"):
         raise ValueError(f"split must be test, val or train, got {split!r}")
+    ckpt = load_checkpoint_file(_resolve_checkpoint(path))
+    if fabric is None:
+        precision = from_dict(ckpt["config"], source=f"{path} (config)").trainer.precision
+        if devices > 1 and strategy == "auto":
+            strategy = "ddp"
+        fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision)
+        fabric.launch()
+    cfg, model, splits = _build_for_eval(ckpt, path, data_dir, fabric)
     dataset = getattr(splits, split)
     if limit > 0:
         dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
-    fabric = Fabric(accelerator=accelerator, devices=1, precision=cfg.trainer.precision)
     model = fabric.setup_module(model)
     if attack:
         return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
