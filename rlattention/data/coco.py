@@ -148,6 +148,8 @@ def read_coco_instances(path: str | os.PathLike) -> CocoInstances:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CocoFormatError(f"{path}: not valid json ({err})") from err
+    except RecursionError:
+        raise CocoFormatError(f"{path}: not valid instances json (nested too deeply to parse)") from None
     if not isinstance(data, dict):
         raise CocoFormatError(f"{path}: expected a json object at the top level, found {type(data).__name__}")
     images = _entries(data, "images", ("id", "file_name"), path)
@@ -167,9 +169,9 @@ def read_coco_instances(path: str | os.PathLike) -> CocoInstances:
     rows, cols = [], []
     for i, ann in enumerate(annotations):
         image_id, category_id = ann["image_id"], ann["category_id"]
-        if image_id not in row_of:
+        if isinstance(image_id, list | dict) or image_id not in row_of:  # a json list/dict is unhashable
             raise CocoFormatError(f"{path}: annotations[{i}] refers to image_id {image_id!r}, not in 'images'")
-        if category_id not in class_of:
+        if isinstance(category_id, list | dict) or category_id not in class_of:
             raise CocoFormatError(
                 f"{path}: annotations[{i}] refers to category_id {category_id!r}, not in 'categories'"
             )

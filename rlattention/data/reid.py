@@ -439,6 +439,10 @@ def _omniglot_characters(zip_path: Path) -> list[tuple[str, list[str]]]:
     except (OSError, zipfile.BadZipFile) as err:
         raise ReidFormatError(f"{zip_path}: cannot read the zip ({type(err).__name__}: {err})") from err
     for name in names:
+        if name.startswith(("/", "\\")) or ".." in name.split("/") or ".." in name.split("\\"):
+            raise ReidFormatError(
+                f"{zip_path}: refused: member {name!r} has an absolute or '..' path (not an Omniglot archive)"
+            )
         if name.endswith("/") or not name.lower().endswith(".png"):
             continue
         parts = name.split("/")

@@ -229,6 +229,10 @@ def _drawings(zip_path: Path, suffix: str) -> dict[tuple[str, str], list[str]]:
     out: dict[tuple[str, str], list[str]] = {}
     for name in names:
         parts = name.split("/")
+        if name.startswith(("/", "\\")) or ".." in parts or ".." in name.split("\\"):
+            raise SketchFormatError(
+                f"{zip_path}: refused: member {name!r} has an absolute or '..' path (not an Omniglot archive)"
+            )
         if not name.endswith(suffix) or parts[0] == "__MACOSX" or parts[-1].startswith("."):
             continue
         if len(parts) != 4:

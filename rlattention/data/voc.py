@@ -140,8 +140,14 @@ def read_image_set(voc_dir: str | os.PathLike, split: str) -> list[str]:
             f"VOC image set file not found: {path} (expected one image id per line; the {split!r} list ships "
             f"with {'VOCtest_06-Nov-2007.tar' if split == 'test' else 'VOCtrainval_06-Nov-2007.tar'})"
         )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise VocFormatError(
+            f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); expected one image id per line"
+        ) from None
     ids = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
             continue

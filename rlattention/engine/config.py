@@ -118,7 +118,8 @@ def _explain(exc: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         return ConfigError(
             f"{source}: bad value for '{key}': {msg}. Valid keys of '{section or 'top'}': {', '.join(keys)}"
         )
-    return ConfigError(f"{source}: {exc}")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__  # drop OmegaConf's key dump
+    return ConfigError(f"{source}: {first}")
 
 
 def _read_yaml(path: Path) -> dict:
@@ -126,8 +127,10 @@ def _read_yaml(path: Path) -> dict:
         raise ConfigError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a YAML config") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -167,6 +170,11 @@ def build_config(raw: dict, overrides: dict | None = None, source: str = "config
             OmegaConf.update(cfg, key, value, merge=True, force_add=False)
         except OmegaConfBaseException as e:
             raise _explain(e, schema, f"override {key}={value!r}") from None
+    if not isinstance(cfg.model, DictConfig):  # ``model`` is typed Any in ExperimentConfig: check it here
+        raise ConfigError(
+            f"{source}: 'model' must be a mapping of {method} settings (keys: {', '.join(schema.model.keys())}), "
+            f"got {cfg.model!r}"
+        )
     cfg.method = str(method)
     try:
         obj = OmegaConf.to_object(cfg)
