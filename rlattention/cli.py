@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
     from rlattention.engine.checkpoint import CheckpointError
     from rlattention.engine.config import ConfigError
+    from rlattention.engine.trainer import TrainingDiverged
 
     handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench}
     try:
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"rlattention {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except TrainingDiverged as e:  # a non-finite loss: the message names the step and the term
+        print(f"rlattention {args.command}: stopped: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 :class:`AtomicCheckpointIO` is a Lightning ``CheckpointIO`` plugin, so ``fabric.save``/``fabric.load`` use it:
 the checkpoint is written to a temporary file in the same folder, flushed to disk, and renamed over the
-target (``os.replace`` is atomic on POSIX), so a crash mid-write never replaces a good checkpoint. Loading
+target (``os.replace`` is atomic on POSIX), so a crash mid-write never replaces a good checkpoint; the temporary
+file a killed process left behind (``.<name>.tmp-<pid>``, never read as a checkpoint) is removed by the next
+successful write of that checkpoint. Loading
 uses ``torch.load(weights_only=True)``: only tensors and plain Python containers are accepted.
 """
 
@@ -41,7 +43,30 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
             os.close(fd)
     except OSError:
         pass
+    _remove_stale_temp_files(path)
     return path
+
+
+def _remove_stale_temp_files(path: Path) -> None:
+    """Remove ``.<name>.tmp-<pid>`` files of ``path`` left by processes that died mid-write (SIGKILL, power loss).
+    Only files whose writer is no longer running on this machine go; a live pid (or one we may not signal) keeps
+    its file, so a concurrent writer is never disturbed."""
+    prefix = f".{path.name}.tmp-"
+    for tmp in path.parent.glob(f"{prefix}*"):
+        suffix = tmp.name[len(prefix) :]
+        if not suffix.isdigit() or int(suffix) == os.getpid():
+            continue
+        try:
+            os.kill(int(suffix), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):  # e.g. PermissionError: a live process of another user
+            continue
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def load_checkpoint_file(path: str | os.PathLike, map_location: Any = "cpu") -> dict:

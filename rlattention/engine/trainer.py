@@ -88,16 +88,20 @@ def _unwrap(model) -> AttentionMethod:
 
 
 def _check_writable(run_dir: Path) -> None:
+    probe = run_dir / ".write-test"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
         with open(probe, "wb") as f:
             f.write(b"\0" * 65536)
             f.flush()
             os.fsync(f.fileno())
-        probe.unlink()
     except OSError as e:
         raise OSError(f"run folder {run_dir} is not writable ({e.strerror or e}); set trainer.out_dir") from None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)  # also after a partial write (full disk)
+        except OSError:
+            pass
 
 
 def _csv_logger(run_dir: Path, resume: bool) -> CSVLogger:

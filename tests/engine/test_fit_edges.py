@@ -65,3 +65,20 @@ def test_max_steps_overrides_epochs(tmp_path):
     report = fit(cfg)
     assert report["steps"] == 20
     assert json.loads((tmp_path / "ms" / "report.json").read_text())["steps"] == 20
+
+
+def test_non_finite_loss_is_a_one_line_cli_error(tmp_path, monkeypatch, capsys):
+    from rlattention.cli import main
+
+    real = RAM.forward
+
+    def forward(self, images, targets):
+        out = real(self, images, targets)
+        out.terms["nll"] = out.terms["nll"] * float("inf")
+        out.loss = out.loss * float("inf")
+        return out
+
+    monkeypatch.setattr(RAM, "forward", forward)
+    assert main(["fit", *TINY, f"trainer.out_dir={tmp_path}", "trainer.run_name=inf"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped: non-finite loss at step 0" in err[0] and "nll" in err[0]
