@@ -59,6 +59,7 @@ class TrainerConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms
     sampler: str = "random"  # random: shuffled batches | pk: P identities x K images per batch (re-id, metric learning)
     pk_instances: int = 4  # K of the pk sampler; batch_size must be a multiple of it
+    compile: bool = False  # torch.compile the training step (Module.compile; on CPU inductor needs a C++ compiler)
 
 
 @dataclass

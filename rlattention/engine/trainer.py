@@ -398,6 +398,8 @@ def fit(
     method_cls = get_method(cfg.method)
     model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)))
     model.on_fit_start(splits)
+    if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
+        model.compile()
     optimizer = make_optimizer(model.parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
     loader = BatchLoader(
         splits.train,

@@ -1,0 +1,66 @@
+"""``trainer.compile=true``: the training step runs through torch.compile (inductor) and trains the same model.
+
+With inductor's ``fallback_random`` the compiled step draws the same random numbers as eager mode, so a few
+steps give the same weights up to float tolerance; checkpoints keep their parameter names."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from rlattention.engine.checkpoint import load_checkpoint_file
+from rlattention.engine.config import load_config
+from rlattention.engine.trainer import fit
+
+TINY = [
+    "data.name=digits",
+    "data.num_train=160",
+    "data.val_size=32",
+    "data.num_test=32",
+    "data.canvas_size=28",
+    "model.num_glimpses=2",
+    "model.hidden_size=16",
+    "model.glimpse_dim=16",
+    "trainer.batch_size=32",
+    "trainer.max_steps=3",
+    "trainer.progress=false",
+    "trainer.num_threads=1",
+    "trainer.deterministic=false",
+    "eval.viz_images=0",
+]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")
+def test_compiled_training_step_matches_eager(tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "fallback_random", True)  # the eager random stream, for comparison
+    threads = torch.get_num_threads()
+    try:
+        eager = fit(load_config(None, [*TINY, f"trainer.out_dir={tmp_path}", "trainer.run_name=eager"]))
+        torch._dynamo.reset()
+        calls = []
+        real_compile = torch.nn.Module.compile
+
+        def spy(self, *args, **kwargs):
+            calls.append(type(self).__name__)
+            return real_compile(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.Module, "compile", spy)
+        compiled = fit(
+            load_config(
+                None, [*TINY, f"trainer.out_dir={tmp_path}", "trainer.run_name=compiled", "trainer.compile=true"]
+            )
+        )
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    assert calls == ["RAM"]  # the compiled run compiled the method's training step, once
+    a = load_checkpoint_file(tmp_path / "eager" / "checkpoints" / "last.ckpt")["model"]
+    b = load_checkpoint_file(tmp_path / "compiled" / "checkpoints" / "last.ckpt")["model"]
+    assert list(a) == list(b)  # same parameter names: a compiled run's checkpoint loads anywhere
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=1e-4, rtol=1e-3), k
+    assert compiled["test"]["accuracy"] == pytest.approx(eager["test"]["accuracy"], abs=1 / 32 + 1e-9)
