@@ -85,6 +85,7 @@ from torch import Tensor
 from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.photos import ImageDecodeError, holdout_split
 from rlattention.data.registry import register_dataset
+from rlattention.data.sketch_retrieval import find_omniglot_folder
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -419,15 +420,7 @@ def build_dukemtmc(cfg: Any, data_dir: Path | None) -> DataSplits:
 def find_omniglot_reid_dir(root: str | os.PathLike) -> Path:
     """``root`` itself or ``root/omniglot``, the first holding both :data:`OMNIGLOT_REID_ZIPS`. Raises
     ``FileNotFoundError`` naming the zips and every folder searched."""
-    root = Path(root).expanduser()
-    folders = [root, root / "omniglot"]
-    for folder in folders:
-        if all((folder / name).is_file() for name in OMNIGLOT_REID_ZIPS):
-            return folder
-    raise FileNotFoundError(
-        f"Omniglot zips not found: need {', '.join(OMNIGLOT_REID_ZIPS)} in one folder; searched: "
-        f"{', '.join(str(f) for f in folders)}"
-    )
+    return find_omniglot_folder(root, OMNIGLOT_REID_ZIPS)
 
 
 def _omniglot_characters(zip_path: Path) -> list[tuple[str, list[str]]]:

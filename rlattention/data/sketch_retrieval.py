@@ -190,12 +190,11 @@ class OmniglotSketchIndex(NamedTuple):
     targets: np.ndarray  # int64 (N,): index of the query's character (gallery photo) in photo_ids
 
 
-def find_omniglot_dir(root: str | os.PathLike, subsets: Sequence[int] = (1,)) -> Path:
-    """The Omniglot folder: ``root`` itself or ``root/omniglot``, the first holding the images and strokes zips
-    of every subset in ``subsets``. Raises ``FileNotFoundError`` naming the zips and every folder searched."""
+def find_omniglot_folder(root: str | os.PathLike, needed: Sequence[str]) -> Path:
+    """``root`` itself or ``root/omniglot``, the first holding every file of ``needed``. Raises
+    ``FileNotFoundError`` naming the files and every folder searched."""
     root = Path(root).expanduser()
     folders = [root, root / "omniglot"]
-    needed = [name for k in subsets for name in OMNIGLOT_SUBSETS[k]]
     for folder in folders:
         if all((folder / name).is_file() for name in needed):
             return folder
@@ -203,6 +202,12 @@ def find_omniglot_dir(root: str | os.PathLike, subsets: Sequence[int] = (1,)) ->
         f"Omniglot zips not found: need {', '.join(needed)} in one folder; searched: "
         f"{', '.join(str(f) for f in folders)}"
     )
+
+
+def find_omniglot_dir(root: str | os.PathLike, subsets: Sequence[int] = (1,)) -> Path:
+    """The Omniglot folder (:func:`find_omniglot_folder`) holding the images and strokes zips of every subset in
+    ``subsets``."""
+    return find_omniglot_folder(root, [name for k in subsets for name in OMNIGLOT_SUBSETS[k]])
 
 
 def _check_subsets(subsets: Any) -> list[int]:
