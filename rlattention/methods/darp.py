@@ -741,7 +741,9 @@ class EmbeddingPolicy(SketchRetrievalMethod):
         cfg = self.cfg
         sketches, _ = split_layout(images)
         state, base, feats = self._state(sketches)
-        mu = self._mean(state, base)  # (B, S, D)
+        # actions, ranks and log-probabilities in fp32 under any autocast: a bf16 action would move by ~1e-3 and
+        # flip ranks; log pi of a 64-dim Gaussian is ~1e2, beyond bf16's resolution of whole units
+        mu = self._mean(state, base).float()  # (B, S, D)
         action = (mu + self.std * torch.randn_like(mu)).detach()
         rows = self.train_row[targets]
         gallery = training_gallery(self)
@@ -764,7 +766,7 @@ class EmbeddingPolicy(SketchRetrievalMethod):
             self.memory.append({"feats": feats, "base": base, "action": action, "log_pi": log_pi.detach(), "G": G})
             mem = {k: torch.cat([m[k] for m in self.memory]) for k in self.memory[0]}
             state_m = self.rnn(mem["feats"])[0] if self.rnn is not None else mem["feats"]
-            mu_m = self._mean(state_m, mem["base"])
+            mu_m = self._mean(state_m, mem["base"]).float()
             v_m = self.value(state_m).squeeze(-1)
             adv = mem["G"] - v_m.detach()
             rl = ppo_clip_loss(gaussian_log_prob(mem["action"], mu_m, self.std), mem["log_pi"], adv, cfg.ppo_clip)

@@ -162,7 +162,7 @@ class RARL(AttentionMethod):
             locs.append(loc)
             boxes = anchor_boxes(loc, cfg.anchor_areas, cfg.anchor_ratios, input_hw)  # R_t: (B, k, 4)
             h_r, new_state = self._regions(fmap, boxes, state)
-            scores.append(self.classifier(h_r))  # a_tr: (B, k, K)
+            scores.append(self.classifier(h_r).float())  # a_tr: (B, k, K); fp32 under autocast (see _scores)
             h = h_r.mean(1)  # h_t = mean_r h_tr
             state = new_state
         a = torch.cat(scores, 1).max(1).values  # category-wise max pooling over T x k regions
@@ -175,9 +175,11 @@ class RARL(AttentionMethod):
         )
 
     def _scores(self, images: Tensor, deterministic: bool, generator=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        # scores leave the model in fp32 under any autocast: bf16 scores (8 significand bits) tie across images
+        # of a class, which reorders the per-class ranking of mAP and the top-n of the reward
         fmap = self.backbone.feature_map(images)
         if self.cfg.mode == "global":
-            a = self.head(fmap.mean(dim=(-2, -1)))
+            a = self.head(fmap.mean(dim=(-2, -1))).float()
             z = a.new_zeros(a.shape[0], 0)
             return a, z, z, a.new_zeros(a.shape[0], 0, 2)
         return self.episode(fmap, tuple(images.shape[-2:]), deterministic, generator)
@@ -233,7 +235,7 @@ class RARL(AttentionMethod):
         probs = 0.0
         for _ in range(runs):
             if self.cfg.mode == "global":
-                a = self.head(views.mean(dim=(-2, -1)))
+                a = self.head(views.mean(dim=(-2, -1))).float()
             else:
                 a = self.episode(views, (crop, crop), mc_samples <= 0, generator)[0]
             probs = probs + self._probs(a).reshape(B, 10, -1).mean(1)

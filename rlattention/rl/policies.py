@@ -44,7 +44,9 @@ class GaussianPolicy(nn.Module):
         self.bounded = bounded
 
     def mean(self, h: Tensor) -> Tensor:
-        mu = self.fc(h)
+        # fp32 under any autocast: actions and log-probabilities must not be rounded to bf16 (a sampled location
+        # would move by up to 2^-8 of its range and log pi sums D terms)
+        mu = self.fc(h).float()
         return torch.tanh(mu) if self.bounded else mu
 
     def forward(self, h: Tensor, deterministic: bool = False, generator: torch.Generator | None = None) -> PolicyOutput:
