@@ -105,8 +105,9 @@ def _check_writable(run_dir: Path) -> None:
 
 
 def _csv_logger(run_dir: Path, resume: bool) -> CSVLogger:
-    """Lightning's CSV logger; on resume it appends to the run's metrics.csv instead of replacing it."""
-    logger = CSVLogger(run_dir, name="logs", version="")
+    """Lightning's CSV logger, writing every row as it is logged (its default keeps up to 100 in memory, which a
+    killed run loses); on resume it appends to the run's metrics.csv instead of replacing it."""
+    logger = CSVLogger(run_dir, name="logs", version="", flush_logs_every_n_steps=1)
     csv_path = run_dir / "logs" / "metrics.csv"
     if resume and csv_path.is_file():
         aside = run_dir / ".metrics.csv.previous"
@@ -117,6 +118,37 @@ def _csv_logger(run_dir: Path, resume: bool) -> CSVLogger:
             header = next(csv.reader(f), [])
         writer.metrics_keys = sorted(header)  # append under the existing columns
     return logger
+
+
+def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
+    """Drop the rows of ``path`` that a run killed after its checkpoint at ``step`` logged after that checkpoint,
+    and that the resumed run logs again: every row of a later step, and the final evaluation's rows (keys starting
+    with ``final_prefix``, e.g. ``test/``) at ``step`` itself. Atomic. Returns how many rows were dropped; a
+    missing file drops none."""
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header, rows = reader.fieldnames or [], list(reader)
+
+    def logged_after(row: dict) -> bool:
+        try:
+            at = int(float(row.get("step") or -1))
+        except ValueError:  # not a number: keep it, it is not ours to judge
+            return False
+        final = bool(final_prefix) and any(k.startswith(final_prefix) and v not in ("", None) for k, v in row.items())
+        return at > step or (at == step and final)
+
+    kept = [r for r in rows if not logged_after(r)]
+    if len(kept) == len(rows):
+        return 0
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(kept)
+    os.replace(tmp, path)
+    return len(rows) - len(kept)
 
 
 def _strategy(name: str, devices: Any):
@@ -432,6 +464,9 @@ def fit(
         loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
         progress.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
         state["progress"] = progress
+        if fabric.global_rank == 0:  # rows a killed run logged after this checkpoint are about to be logged again
+            final = f"{cfg.eval.split}/" if cfg.eval.split != "val" else ""  # val rows at `step` precede it
+            truncate_metrics_csv(run_dir / "logs" / "metrics.csv", progress.step, final)
         if fabric.global_rank == 0 and "torch_rng" in rest:  # rank 0 continues its random streams exactly
             torch.set_rng_state(rest["torch_rng"])
             if "cuda_rng" in rest and fabric.device.type == "cuda":

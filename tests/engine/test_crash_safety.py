@@ -4,6 +4,7 @@ is a clear error before any training."""
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -45,6 +46,7 @@ TINY = [
     "eval.viz_images=0",
 ]
 STEPS = 64
+LOG_EVERY = 4
 TIMEOUT = 120  # seconds for one child run (a loaded machine); the runs take a few seconds
 
 
@@ -81,10 +83,11 @@ def reference(tmp_path_factory) -> dict:
     return {
         "report": json.loads((run / "report.json").read_text()),
         "weights": load_checkpoint_file(run / "checkpoints" / "last.ckpt")["model"],
+        "metrics": _metric_rows(run),
     }
 
 
-def _assert_same_result(run: Path, reference: dict) -> None:
+def _assert_same_result(run: Path, reference: dict, resumed_at: int | None = None) -> None:
     report = json.loads((run / "report.json").read_text())
     ref = reference["report"]
     assert report["steps"] == ref["steps"] == STEPS and report["epochs"] == ref["epochs"]
@@ -96,6 +99,26 @@ def _assert_same_result(run: Path, reference: dict) -> None:
     assert weights.keys() == reference["weights"].keys()
     for k, v in weights.items():
         assert torch.equal(v, reference["weights"][k]), k
+    # metrics.csv: the same rows as the uninterrupted run's (none lost, none repeated), equal but for timing; the
+    # first training row after the resume averages only the steps since the resume point (the window's running
+    # sums are not checkpointed), so its values differ
+    rows, ref_rows = _metric_rows(run), reference["metrics"]
+    assert [r["step"] for r in rows] == [r["step"] for r in ref_rows]
+    straddles = resumed_at is not None
+    for r, q in zip(rows, ref_rows, strict=True):
+        if straddles and "train/loss" in r and int(r["step"]) > resumed_at:
+            straddles = False  # this row's window began before the resume point
+            if int(r["step"]) - LOG_EVERY < resumed_at:
+                continue
+        assert {k: v for k, v in r.items() if k not in TIMING} == {k: v for k, v in q.items() if k not in TIMING}
+
+
+TIMING = {"train/images_per_s", "train/wall_time", "train/elapsed_s"}
+
+
+def _metric_rows(run: Path) -> list[dict]:
+    with open(run / "logs" / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
 
 def _wait(proc: subprocess.Popen, until) -> None:
@@ -141,7 +164,7 @@ def test_sigkill_mid_training_then_resume_equals_uninterrupted_run(tmp_path, ref
     )
 
     assert main(["fit", "--resume", str(run)]) == 0
-    _assert_same_result(run, reference)
+    _assert_same_result(run, reference, resumed_at=killed_at)
 
 
 _DIE_MID_WRITE = """
@@ -191,7 +214,7 @@ def test_dying_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, refer
     assert load_checkpoint_file(tmp_path / "torn")["progress"]["step"] == 6  # a run folder resolves to last.ckpt
 
     assert main(["fit", "--resume", str(tmp_path / "torn")]) == 0
-    _assert_same_result(tmp_path / "torn", reference)
+    _assert_same_result(tmp_path / "torn", reference, resumed_at=6)
     assert not list(ckpts.glob(".*.tmp-*")), "the dead process's temporary file was not cleaned up"
 
 
