@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# matplotlib writes its font cache under ~/.cache (or ~/.config) unless told otherwise: the suite writes nothing
+# outside temporary folders and the run folders it creates
+if "MPLCONFIGDIR" not in os.environ:
+    os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="rlattention-tests-mpl-")
+    atexit.register(shutil.rmtree, os.environ["MPLCONFIGDIR"], ignore_errors=True)
 
 #: ``../shared/data`` next to the repository (the repository root is ``parents[1]`` of this file).
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -51,6 +51,9 @@ class AttentionMethod(nn.Module):
     #: id + caption tokens of (1, R, F) region-feature items | "reid" (N, 3) [identity, camera, role] with role
     #: 0 train, 1 query, 2 gallery
     task: ClassVar[str] = "classification"
+    #: inductor options used when ``trainer.compile`` runs on the CPU: work-arounds for inductor bugs a method's
+    #: graph triggers (see :class:`rlattention.methods.dcpg.DCPG`)
+    cpu_compile_options: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def from_config(cls, cfg: Any, info: DataInfo) -> AttentionMethod:

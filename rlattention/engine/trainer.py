@@ -120,6 +120,14 @@ def _csv_logger(run_dir: Path, resume: bool) -> CSVLogger:
     return logger
 
 
+def _gather_rows(fabric: Fabric, row: torch.Tensor) -> torch.Tensor:
+    """``(world_size, *row.shape)`` on the CPU: every rank's ``row`` (e.g. its RNG state), rank r in row r.
+    Collective: every rank calls it at the same point."""
+    if fabric.world_size == 1:
+        return row[None].clone()
+    return fabric.all_gather(row.to(fabric.device)).cpu()
+
+
 def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
     """Drop the rows of ``path`` that a run killed after its checkpoint at ``step`` logged after that checkpoint,
     and that the resumed run logs again: every row of a later step, and the final evaluation's rows (keys starting
@@ -431,7 +439,8 @@ def fit(
     model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)))
     model.on_fit_start(splits)
     if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
-        model.compile()
+        options = method_cls.cpu_compile_options if fabric.device.type == "cpu" else {}
+        model.compile(options=dict(options) or None)
     optimizer = make_optimizer(model.parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
     loader = BatchLoader(
         splits.train,
@@ -467,7 +476,13 @@ def fit(
         if fabric.global_rank == 0:  # rows a killed run logged after this checkpoint are about to be logged again
             final = f"{cfg.eval.split}/" if cfg.eval.split != "val" else ""  # val rows at `step` precede it
             truncate_metrics_csv(run_dir / "logs" / "metrics.csv", progress.step, final)
-        if fabric.global_rank == 0 and "torch_rng" in rest:  # rank 0 continues its random streams exactly
+        ranks = rest.get("torch_rng_ranks")
+        if ranks is not None and ranks.shape[0] == fabric.world_size:  # every rank continues its streams exactly
+            torch.set_rng_state(ranks[fabric.global_rank].cpu().clone())
+            cuda_ranks = rest.get("cuda_rng_ranks")
+            if cuda_ranks is not None and fabric.device.type == "cuda":
+                torch.cuda.set_rng_state(cuda_ranks[fabric.global_rank].cpu().clone(), fabric.device)
+        elif fabric.global_rank == 0 and "torch_rng" in rest:  # another world size: rank 0 continues exactly
             torch.set_rng_state(rest["torch_rng"])
             if "cuda_rng" in rest and fabric.device.type == "cuda":
                 torch.cuda.set_rng_state(rest["cuda_rng"], fabric.device)
@@ -488,6 +503,10 @@ def fit(
             raise TrainingDiverged(
                 f"non-finite loss before step {progress.step}; not saving {name}.ckpt, the previous one is kept"
             )
+        rng = {"torch_rng": torch.get_rng_state(), "torch_rng_ranks": _gather_rows(fabric, torch.get_rng_state())}
+        if fabric.device.type == "cuda":
+            cuda_rng = torch.cuda.get_rng_state(fabric.device)
+            rng.update(cuda_rng=cuda_rng, cuda_rng_ranks=_gather_rows(fabric, cuda_rng))
         fabric.save(
             ckpt_dir / f"{name}.ckpt",
             {
@@ -496,8 +515,7 @@ def fit(
                 "scheduler": scheduler,
                 "progress": progress,
                 "config": to_dict(cfg),
-                "torch_rng": torch.get_rng_state(),
-                **({"cuda_rng": torch.cuda.get_rng_state(fabric.device)} if fabric.device.type == "cuda" else {}),
+                **rng,  # every rank's random streams (rank r's in row r), so a resume continues them all
                 "data_info": {"image_shape": list(splits.image_shape), "num_classes": splits.num_classes},
             },
         )

@@ -132,6 +132,10 @@ class DCPG(AttentionMethod):
     Config = DCPGConfig
     task = "image_text"
     selection_metric = ("rsum", "max")
+    # torch 2.13's inductor generates vectorised C++ for this model's backward that corrupts the heap on the CPU
+    # (the process aborts: "malloc_consolidate(): invalid chunk size"); scalar C++ code is correct
+    # (tests/engine/test_compile_methods.py with RLATTENTION_COMPILE_BACKEND=inductor)
+    cpu_compile_options = {"cpp.simdlen": 1}
 
     def __init__(self, cfg: DCPGConfig, info: DataInfo) -> None:
         super().__init__()

@@ -36,7 +36,9 @@ TINY = [
 def test_compiled_training_step_matches_eager(tmp_path, monkeypatch):
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "fallback_random", True)  # the eager random stream, for comparison
+    # the eager random stream, for comparison (config.patch: monkeypatch's undo deletes torch config entries)
+    patch = inductor_config.patch(fallback_random=True)
+    patch.__enter__()
     threads = torch.get_num_threads()
     try:
         eager = fit(load_config(None, [*TINY, f"trainer.out_dir={tmp_path}", "trainer.run_name=eager"]))
@@ -55,6 +57,7 @@ def test_compiled_training_step_matches_eager(tmp_path, monkeypatch):
             )
         )
     finally:
+        patch.__exit__(None, None, None)
         torch.set_num_threads(threads)
         torch._dynamo.reset()
     assert calls == ["RAM"]  # the compiled run compiled the method's training step, once

@@ -65,7 +65,8 @@ def test_compiled_training_step_matches_eager(name, phase1_path):
 
     case = _precision_module().build(name, phase1_path)
     eager, compiled = case.model.train(), copy.deepcopy(case.model).train()
-    compiled.compile(backend=BACKEND)
+    options = dict(type(case.model).cpu_compile_options) if BACKEND == "inductor" else {}  # as trainer.compile
+    compiled.compile(backend=BACKEND, options=options or None)
     torch._dynamo.reset()
     try:
         out_e, rng_e, grads_e = _step(eager, case.images, case.targets)

@@ -280,3 +280,72 @@ def test_full_disk_is_a_clear_error_at_start(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert str(tmp_path / "full") in err and os.strerror(errno.ENOSPC) in err and "not writable" in err
     assert not (tmp_path / "full" / "checkpoints").exists()
+
+
+DDP = ["trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu"]
+DDP_STEPS = 32  # 512 / (2 ranks x 32) = 8 steps per epoch, 4 epochs
+
+
+def _ddp_env() -> dict[str, str]:
+    env = {k: v for k, v in _env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK")}
+    env.pop("WORLD_SIZE", None)  # Lightning's launcher picks a free port and starts rank 1
+    return env
+
+
+def _cli(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlattention.cli", *args],
+        cwd=cwd,
+        env=_ddp_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: both ranks can be killed at once, as a node failure does
+        **kwargs,
+    )
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
+
+
+def test_sigkill_of_a_2_process_run_then_resume_equals_uninterrupted_run(tmp_path):
+    """Both ranks of a DDP run die by SIGKILL mid-training; ``--resume`` with two processes again continues from
+    the last checkpoint, every rank with its own random streams (saved per rank), and ends exactly where the
+    uninterrupted 2-process run ends."""
+    _finish(_cli([*_argv(tmp_path, "straight"), *DDP], tmp_path))
+    straight = tmp_path / "straight"
+    reference = {
+        "report": json.loads((straight / "report.json").read_text()),
+        "weights": load_checkpoint_file(straight / "checkpoints" / "last.ckpt")["model"],
+        "metrics": _metric_rows(straight),
+    }
+    assert reference["report"]["world_size"] == 2 and reference["report"]["params_in_sync"] is True
+
+    run = tmp_path / "killed"
+    last = run / "checkpoints" / "last.ckpt"
+    proc = _cli([*_argv(tmp_path, "killed"), *DDP], tmp_path)
+    try:
+        _wait(proc, last.exists)
+        first = os.stat(last).st_ino if last.exists() else None
+        _wait(proc, lambda: last.exists() and os.stat(last).st_ino != first)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.communicate(timeout=TIMEOUT)
+    killed_at = load_checkpoint_file(last)["progress"]["step"]
+    if proc.returncode != -signal.SIGKILL or killed_at >= DDP_STEPS:
+        pytest.skip("the run finished before it could be killed (a very fast machine)")
+    assert not (run / "report.json").exists()
+    assert load_checkpoint_file(last)["torch_rng_ranks"].shape[0] == 2
+
+    _finish(_cli(["fit", "--resume", str(run)], tmp_path))
+    report = json.loads((run / "report.json").read_text())
+    assert report["world_size"] == 2 and report["params_in_sync"] is True
+    assert report["steps"] == reference["report"]["steps"] == DDP_STEPS
+    assert report["test"] == reference["report"]["test"]
+    assert report["best_epoch"] == reference["report"]["best_epoch"]
+    weights = load_checkpoint_file(last)["model"]
+    for k, v in weights.items():
+        assert torch.equal(v, reference["weights"][k]), k
+    rows = _metric_rows(run)
+    assert [r["step"] for r in rows] == [r["step"] for r in reference["metrics"]]
