@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks/results", help="folder for the JSON/markdown tables")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke)")
+    b.add_argument("--methods", nargs="+", metavar="METHOD", help="training: only these methods (default: all)")
     return p
 
 
@@ -210,7 +211,8 @@ def _data(args) -> int:
 def _bench(args) -> int:
     from rlattention.bench import run_benchmarks
 
-    run_benchmarks(args.which, Path(args.out), threads=args.threads, quick=args.quick)
+    options = {"training": {"methods": args.methods}} if args.methods else None
+    run_benchmarks(args.which, Path(args.out), threads=args.threads, quick=args.quick, options=options)
     return 0
 
 
