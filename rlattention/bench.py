@@ -1,7 +1,9 @@
 """Speed benchmarks: ``rlattention bench [sensor|ram_throughput|...|training] --threads 2 [--quick]``.
 
 Every benchmark times the fast code and a simple reference *in the same run* (interleaved, so background load
-hits both alike) and reports a ratio next to the absolute times. Timing: :func:`time.perf_counter`, warm-up
+hits both alike, except the engine runs of ``ram_throughput`` and ``training``: a whole ``fit`` follows the
+model-only timing, so a load change between the two shows as engine overhead) and reports a ratio next to the
+absolute times. Timing: :func:`time.perf_counter`, warm-up
 calls first, then the median of the repetitions. Each result records the machine (CPU, cores, torch version,
 threads, load average) and a time stamp, and is written to ``<out>/<name>.json`` and ``<out>/<name>.md``.
 
@@ -613,16 +615,12 @@ def build_splits_and_model(cfg, splits=None, data_dir: str | None = None):
     """The data splits, the model and the optimiser of ``cfg`` built as :func:`fit` builds them (seeded with
     ``trainer.seed``, ``on_fit_start`` called); ``splits`` when given (as ``fit(splits=...)``)."""
     from rlattention.data.registry import build_dataset
-    from rlattention.engine.method import DataInfo
-    from rlattention.engine.registry import get_method
-    from rlattention.engine.trainer import make_optimizer
+    from rlattention.engine.trainer import build_model, make_optimizer
 
     torch.manual_seed(cfg.trainer.seed)
     if splits is None:
         splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
-    info = DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
-    model = get_method(cfg.method).from_config(cfg.model, info)
-    model.on_fit_start(splits)
+    model = build_model(cfg, splits)
     model.train()
     return splits, model, make_optimizer(model.parameters(), cfg.optim)
 

@@ -128,6 +128,16 @@ def _gather_rows(fabric: Fabric, row: torch.Tensor) -> torch.Tensor:
     return fabric.all_gather(row.to(fabric.device)).cpu()
 
 
+def build_model(cfg: ExperimentConfig, splits: Any) -> AttentionMethod:
+    """The method of ``cfg`` built for ``splits`` as :func:`fit` builds it (``on_fit_start`` called); the caller
+    seeds the random streams first."""
+    model = get_method(cfg.method).from_config(
+        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
+    )
+    model.on_fit_start(splits)
+    return model
+
+
 def release_processes(fabric: Fabric) -> None:
     """Leave the process group cleanly once a multi-process job is done: all ranks meet, then the group is
     destroyed. Left to interpreter exit, gloo's threads can be torn down while still joinable and abort a rank
@@ -447,8 +457,7 @@ def fit(
         with fabric.rank_zero_first():  # rank 0 writes any render cache; the others then read it
             splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
-    model = method_cls.from_config(cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)))
-    model.on_fit_start(splits)
+    model = build_model(cfg, splits)
     if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
         options = method_cls.cpu_compile_options if fabric.device.type == "cpu" else {}
         model.compile(options=dict(options) or None)
