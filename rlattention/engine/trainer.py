@@ -138,17 +138,6 @@ def build_model(cfg: ExperimentConfig, splits: Any) -> AttentionMethod:
     return model
 
 
-def release_processes(fabric: Fabric) -> None:
-    """Leave the process group cleanly once a multi-process job is done: all ranks meet, then the group is
-    destroyed. Left to interpreter exit, gloo's threads can be torn down while still joinable and abort a rank
-    ("terminate called without an active exception"), failing a run that succeeded. No-op in one process."""
-    import torch.distributed as dist
-
-    if fabric.world_size > 1 and dist.is_available() and dist.is_initialized():
-        fabric.barrier()
-        dist.destroy_process_group()
-
-
 def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
     """Drop the rows of ``path`` that a run killed after its checkpoint at ``step`` logged after that checkpoint,
     and that the resumed run logs again: every row of a later step, and the final evaluation's rows (keys starting
@@ -663,7 +652,6 @@ def fit(
         (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     for logger in fabric.loggers:
         logger.finalize("success")
-    release_processes(fabric)
     return report
 
 
@@ -738,7 +726,6 @@ def evaluate_checkpoint(
     if split not in ("test", "val", "train"):
         raise ValueError(f"split must be test, val or train, got {split!r}")
     ckpt = load_checkpoint_file(_resolve_checkpoint(path))
-    own_fabric = fabric is None
     if fabric is None:
         precision = from_dict(ckpt["config"], source=f"{path} (config)").trainer.precision
         if devices > 1 and strategy == "auto":
@@ -751,9 +738,5 @@ def evaluate_checkpoint(
         dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
     model = fabric.setup_module(model)
     if attack:
-        metrics = evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
-    else:
-        metrics = evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
-    if own_fabric:
-        release_processes(fabric)
-    return metrics
+        return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
+    return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
