@@ -147,6 +147,7 @@ class RARL(AttentionMethod):
         """
         cfg = self.cfg
         B = fmap.shape[0]
+        fmap = fmap.contiguous(memory_format=torch.channels_last)  # once: every crop below reads it as a table
         whole = fmap.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(B, 1, 4)
         h_r, state = self._regions(fmap, whole, None)  # R_0: the whole image
         h = h_r.mean(1)
@@ -230,7 +231,8 @@ class RARL(AttentionMethod):
         crop = self.input_size
         vh, vw = max(1, round(h * crop / N)), max(1, round(w * crop / N))
         boxes = ten_view_boxes(N, crop, fmap.dtype).to(fmap.device)  # (5, 4)
-        views = [crop_boxes(f, boxes.expand(B, 5, 4), (vh, vw), mode="bilinear") for f in (fmap, fmap.flip(-1))]
+        maps = [f.contiguous(memory_format=torch.channels_last) for f in (fmap, fmap.flip(-1))]
+        views = [crop_boxes(f, boxes.expand(B, 5, 4), (vh, vw), mode="bilinear") for f in maps]
         views = torch.cat(views, 1).flatten(0, 1)  # (B * 10, C, vh, vw)
         probs = 0.0
         for _ in range(runs):

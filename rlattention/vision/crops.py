@@ -7,7 +7,12 @@ y by the height. Boxes may extend beyond the image (zero padding).
 - ``mode="area"``: each output cell is the exact mean of the image over the cell (integral image, see
   :mod:`rlattention.vision.glimpse`); right for downsampling, e.g. the coarse levels of an image pyramid.
 - ``mode="bilinear"``: each output cell is the bilinear sample at the cell centre (RoIAlign with one sample
-  per bin); right for cropping feature maps.
+  per bin); right for cropping feature maps. Computed as one weighted gather of channel vectors
+  (``embedding_bag`` over the feature map viewed as a ``(B*H*W, C)`` table, four weighted rows per output
+  cell), which reads each cell's channels contiguously; ``grid_sample`` strides over the channels of an NCHW
+  map and is several times slower with many channels. Give the map in ``torch.channels_last`` memory format
+  (as :class:`rlattention.methods.rarl.RARL` does once per image) and the table is a view; otherwise it is one
+  copy per call.
 """
 
 from __future__ import annotations
@@ -62,10 +67,39 @@ def crop_boxes(
         means = sums / (cell_w * cell_h)[:, None, :, None, None]
         return means.transpose(1, 2).to(images.dtype)
     if mode == "bilinear":
-        xs, ys = _lattice(boxes.to(images.dtype), h, w, centres=True)
-        out = F.grid_sample(images, _grid(xs, ys), mode="bilinear", padding_mode="zeros", align_corners=False)
-        return out.reshape(B, C, n, h, w).transpose(1, 2)
+        return _bilinear_gather(images, boxes, h, w)
     raise ValueError(f"crop mode must be 'area' or 'bilinear', got {mode!r}")
+
+
+def _axis_taps(pos: Tensor, size: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The two bilinear taps along one axis of ``size`` pixels for normalised sample positions ``pos``
+    (``align_corners=False``): indices ``(..., 2)`` clamped into the map, weights ``(..., 2)`` zero for a tap
+    outside it (zero padding, as ``grid_sample``)."""
+    px = ((pos + 1.0) * size - 1.0) / 2.0  # pixel coordinates, centres at integers
+    lo = px.detach().floor()
+    frac = px - lo  # differentiable w.r.t. the box
+    idx = torch.stack((lo, lo + 1), -1).long()
+    wt = torch.stack((1.0 - frac, frac), -1) * ((idx >= 0) & (idx < size)).to(pos.dtype)
+    return idx.clamp(0, size - 1), wt.to(dtype)
+
+
+def _bilinear_gather(images: Tensor, boxes: Tensor, h: int, w: int) -> Tensor:
+    """Bilinear samples at the ``h x w`` cell centres of every box: ``(B, n, C, h, w)``, as
+    ``grid_sample(..., align_corners=False, padding_mode="zeros")`` of those points, by one ``embedding_bag``."""
+    B, C, H, W = images.shape
+    n = boxes.shape[1]
+    coord_dtype = torch.promote_types(boxes.dtype, torch.float32)  # positions in >= fp32 even for bf16 maps
+    xs, ys = _lattice(boxes.to(coord_dtype), h, w, centres=True)  # (B, n, w), (B, n, h)
+    ix, wx = _axis_taps(xs, W, coord_dtype)
+    iy, wy = _axis_taps(ys, H, coord_dtype)
+    base = (torch.arange(B, device=images.device) * (H * W)).view(B, 1, 1, 1, 1, 1)
+    rows = base + iy[:, :, :, None, :, None] * W + ix[:, :, None, :, None, :]  # (B, n, h, w, 2, 2)
+    weights = wy[:, :, :, None, :, None] * wx[:, :, None, :, None, :]
+    table = images.permute(0, 2, 3, 1).reshape(B * H * W, C)  # a view for channels-last maps
+    out = F.embedding_bag(
+        rows.reshape(-1, 4), table, per_sample_weights=weights.reshape(-1, 4).to(images.dtype), mode="sum"
+    )
+    return out.view(B, n, h, w, C).permute(0, 1, 4, 2, 3)
 
 
 def grid_boxes(boxes: Tensor, split: int) -> Tensor:

@@ -49,6 +49,58 @@ def test_bilinear_crop_of_whole_image_is_identity_and_many_boxes_in_one_call():
         crop_boxes(x, torch.zeros(2, 4), (2, 2))
 
 
+def _random_boxes(B: int, n: int, dtype=torch.float64, seed: int = 0) -> torch.Tensor:
+    """Boxes of many sizes, some reaching past the map on any side (zero padding)."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.rand(B, n, 2, generator=g, dtype=torch.float64) * 2.6 - 1.3
+    half = torch.rand(B, n, 2, generator=g, dtype=torch.float64) * 1.2 + 0.05
+    return torch.cat((c - half, c + half), -1).to(dtype)
+
+
+def _grid_sample_crop(x, boxes, size):
+    """The bilinear crop as one ``grid_sample`` of the cell centres (zero padding, align_corners=False)."""
+    from rlattention.vision.crops import _grid, _lattice
+
+    xs, ys = _lattice(boxes.to(x.dtype), size[0], size[1], centres=True)
+    out = F.grid_sample(x, _grid(xs, ys), mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out.reshape(x.shape[0], x.shape[1], boxes.shape[1], *size).transpose(1, 2)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bilinear_gather_equals_grid_sample_in_either_layout(channels_last):
+    x = torch.randn(3, 6, 7, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    boxes = _random_boxes(3, 5)
+    ref = _grid_sample_crop(x, boxes, (4, 3))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out = crop_boxes(x, boxes, (4, 3), mode="bilinear")
+    assert out.shape == (3, 5, 6, 4, 3)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    far = torch.tensor([[[2.5, 2.5, 3.0, 3.5]]], dtype=torch.float64).expand(3, 1, 4)  # wholly outside: zeros
+    assert crop_boxes(x, far, (2, 2), mode="bilinear").abs().max() == 0
+
+
+def test_bilinear_gather_gradients_reach_map_and_boxes():
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, requires_grad=True)
+    boxes = _random_boxes(2, 3, seed=4).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, b: crop_boxes(x, b, (3, 2), mode="bilinear"), (x, boxes))
+    # and the same gradients as grid_sample's
+    xr, br = x.detach().clone().requires_grad_(), boxes.detach().clone().requires_grad_()
+    w = torch.randn(2, 3, 3, 3, 2, dtype=torch.float64)
+    (crop_boxes(x, boxes, (3, 2), mode="bilinear") * w).sum().backward()
+    (_grid_sample_crop(xr, br, (3, 2)) * w).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-12, rtol=0)
+    torch.testing.assert_close(boxes.grad, br.grad, atol=1e-9, rtol=1e-9)
+
+
+def test_bilinear_gather_bf16_map_with_fp32_boxes():
+    x = torch.randn(2, 8, 6, 6, generator=torch.Generator().manual_seed(2))
+    boxes = _random_boxes(2, 4, dtype=torch.float32, seed=2)
+    out = crop_boxes(x.bfloat16(), boxes, (3, 3), mode="bilinear")
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), _grid_sample_crop(x, boxes, (3, 3)), atol=0.05, rtol=0.02)
+
+
 def test_grid_boxes_tile_the_box():
     sub = grid_boxes(torch.tensor([[-1.0, -1.0, 1.0, 1.0]]), 2)
     assert sub.shape == (1, 4, 4)
