@@ -103,10 +103,10 @@ def _fit(args) -> int:
     else:
         cfg = load_config(args.config, args.overrides)
     report = fit(cfg, data_dir=args.data_dir, resume=args.resume)
-    import torch.distributed as dist
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
-        return 0  # several processes: rank 0 reports
+    if rank_zero_only.rank != 0:  # several processes (the group is gone by now): rank 0 reports
+        return 0
     split = cfg.eval.split
     how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean actions"
     print(
@@ -228,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
     from rlattention.engine.checkpoint import CheckpointError
     from rlattention.engine.config import ConfigError
-    from rlattention.engine.trainer import TrainingDiverged
+    from rlattention.engine.trainer import TrainingDiverged, leave_process_group
 
     handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench}
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        leave_process_group(exit_code=code)  # several processes: every rank ends here, in order (no teardown)
+        return code
     except (ConfigError, CheckpointError, FileNotFoundError, KeyError, ValueError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"rlattention {args.command}: error: {msg}", file=sys.stderr)

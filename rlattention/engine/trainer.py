@@ -8,6 +8,7 @@ progress and the final report.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -136,6 +137,49 @@ def build_model(cfg: ExperimentConfig, splits: Any) -> AttentionMethod:
     )
     model.on_fit_start(splits)
     return model
+
+
+_LEAVE_CALLS = 0
+
+
+def leave_process_group(exit_code: int | None = None, timeout: float = 300.0) -> None:
+    """End a multi-process job in order; with ``exit_code``, end this process too, skipping interpreter teardown.
+    No-op unless a process group of several ranks is initialised.
+
+    Tearing a gloo process group down races its worker threads: a worker still dropping the last collective's
+    tensors needs the GIL, while the thread destroying the group holds it and waits for that worker. Inside a
+    run the two deadlock (seen: a rank hung freeing the DDP reducer at the end of ``fit``); at interpreter exit
+    Python ends the worker instead and the C++ runtime aborts the rank ("terminate called without an active
+    exception", SIGABRT) after its work was done, failing a run that succeeded. So a finished multi-process job
+    never tears the group down: the ranks meet, every rank but 0 reports on the rendezvous store, rank 0 (the
+    store's host under Lightning's launchers) waits for those reports, and with ``exit_code`` each rank flushes
+    its output and leaves with ``os._exit`` (files, checkpoints and loggers are closed before this is called).
+    Without ``exit_code`` the caller keeps running with the group in place (rank 0's wait also gives its workers
+    time to finish)."""
+    global _LEAVE_CALLS
+    import logging
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return
+    _LEAVE_CALLS += 1
+    key = f"rlattention/left/{_LEAVE_CALLS}"  # every rank makes the same calls: the same keys
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    if rank != 0:
+        store.add(key, 1)
+    else:
+        deadline = time.monotonic() + timeout
+        while store.add(key, 0) < world - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if exit_code is not None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(exit_code)
 
 
 def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
@@ -738,5 +782,7 @@ def evaluate_checkpoint(
         dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
     model = fabric.setup_module(model)
     if attack:
-        return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
-    return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
+        metrics = evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
+    else:
+        metrics = evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
+    return metrics

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from rlattention.data.base import ArrayDataset
 from rlattention.engine.method import AttentionMethod, StepOutput
-from rlattention.engine.trainer import evaluate, evaluate_checkpoint, evaluate_under_attack
+from rlattention.engine.trainer import evaluate, evaluate_checkpoint, evaluate_under_attack, leave_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -188,7 +188,7 @@ def test_scal_two_processes(tmp_path, shared_data):
     _check_eval(tmp_path, run, report, omniglot)
 
 
-# ------------------------------------------------------------------ gathering, exactly (in-process, ddp_spawn)
+# ------------------------------------------------------------------ gathering, exactly (spawned workers)
 class _Probe(AttentionMethod):
     """Scores that differ per item (a fixed linear map), optionally plus a draw from the evaluation generator;
     metrics that depend on the order of the items, so a mis-ordered gather cannot pass."""
@@ -234,7 +234,24 @@ def _probe_evals(fabric) -> list[dict]:
     return out
 
 
-def test_gathered_evaluation_equals_one_process_exactly():
+def _probe_worker(rank: int, port: int, out_dir: str) -> None:
+    """One rank of a 2-process job, as a launcher (torchrun, SLURM) would start it: Fabric finds the rank in the
+    environment. Rank 0 writes the metrics; every rank ends with ``leave_process_group`` (no gloo teardown)."""
+    from lightning.fabric import Fabric
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ["LOCAL_RANK"] = str(rank)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric.launch()
+    out = _probe_evals(fabric)
+    if rank == 0:
+        (Path(out_dir) / "two.json").write_text(json.dumps(out))
+    leave_process_group(exit_code=0)
+
+
+def test_gathered_evaluation_equals_one_process_exactly(tmp_path):
+    import socket
+
     from lightning.fabric import Fabric
 
     threads = torch.get_num_threads()
@@ -242,7 +259,11 @@ def test_gathered_evaluation_equals_one_process_exactly():
         one = _probe_evals(Fabric(accelerator="cpu", devices=1))
     finally:
         torch.set_num_threads(threads)
-    two = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn").launch(_probe_evals)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.start_processes(_probe_worker, (port, str(tmp_path)), nprocs=2, start_method="spawn")
+    two = json.loads((tmp_path / "two.json").read_text())  # floats round-trip through json exactly
     assert len(one) == len(two)
     for a, b in zip(one, two, strict=True):
         assert a == b  # same batches, same floats: bit-identical metrics
