@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rlattention.vision.adversarial import pgd_attack
-from rlattention.vision.crops import crop_boxes, grid_boxes
+from rlattention.vision.crops import GATHER_MIN_CHANNELS, _bilinear_gather, crop_boxes, grid_boxes
 from rlattention.vision.entropy import binary_patch_entropy
 
 
@@ -66,15 +66,16 @@ def _grid_sample_crop(x, boxes, size):
     return out.reshape(x.shape[0], x.shape[1], boxes.shape[1], *size).transpose(1, 2)
 
 
+@pytest.mark.parametrize("channels", [6, GATHER_MIN_CHANNELS])  # grid_sample and gather paths
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_bilinear_gather_equals_grid_sample_in_either_layout(channels_last):
-    x = torch.randn(3, 6, 7, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+def test_bilinear_crop_equals_grid_sample_in_either_layout(channels, channels_last):
+    x = torch.randn(3, channels, 7, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     boxes = _random_boxes(3, 5)
     ref = _grid_sample_crop(x, boxes, (4, 3))
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     out = crop_boxes(x, boxes, (4, 3), mode="bilinear")
-    assert out.shape == (3, 5, 6, 4, 3)
+    assert out.shape == (3, 5, channels, 4, 3)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
     far = torch.tensor([[[2.5, 2.5, 3.0, 3.5]]], dtype=torch.float64).expand(3, 1, 4)  # wholly outside: zeros
     assert crop_boxes(x, far, (2, 2), mode="bilinear").abs().max() == 0
@@ -83,18 +84,18 @@ def test_bilinear_gather_equals_grid_sample_in_either_layout(channels_last):
 def test_bilinear_gather_gradients_reach_map_and_boxes():
     x = torch.randn(2, 3, 5, 6, dtype=torch.float64, requires_grad=True)
     boxes = _random_boxes(2, 3, seed=4).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, b: crop_boxes(x, b, (3, 2), mode="bilinear"), (x, boxes))
+    assert torch.autograd.gradcheck(lambda x, b: _bilinear_gather(x, b, 3, 2), (x, boxes))
     # and the same gradients as grid_sample's
     xr, br = x.detach().clone().requires_grad_(), boxes.detach().clone().requires_grad_()
     w = torch.randn(2, 3, 3, 3, 2, dtype=torch.float64)
-    (crop_boxes(x, boxes, (3, 2), mode="bilinear") * w).sum().backward()
+    (_bilinear_gather(x, boxes, 3, 2) * w).sum().backward()
     (_grid_sample_crop(xr, br, (3, 2)) * w).sum().backward()
     torch.testing.assert_close(x.grad, xr.grad, atol=1e-12, rtol=0)
     torch.testing.assert_close(boxes.grad, br.grad, atol=1e-9, rtol=1e-9)
 
 
 def test_bilinear_gather_bf16_map_with_fp32_boxes():
-    x = torch.randn(2, 8, 6, 6, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2, GATHER_MIN_CHANNELS, 6, 6, generator=torch.Generator().manual_seed(2))
     boxes = _random_boxes(2, 4, dtype=torch.float32, seed=2)
     out = crop_boxes(x.bfloat16(), boxes, (3, 3), mode="bilinear")
     assert out.dtype == torch.bfloat16
