@@ -105,7 +105,7 @@ def _fit(args) -> int:
     report = fit(cfg, data_dir=args.data_dir, resume=args.resume)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    if rank_zero_only.rank != 0:  # several processes (the group is gone by now): rank 0 reports
+    if rank_zero_only.rank != 0:  # several processes: rank 0 reports
         return 0
     split = cfg.eval.split
     how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean actions"

@@ -782,7 +782,5 @@ def evaluate_checkpoint(
         dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
     model = fabric.setup_module(model)
     if attack:
-        metrics = evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
-    else:
-        metrics = evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
-    return metrics
+        return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
+    return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)

@@ -147,7 +147,7 @@ class RARL(AttentionMethod):
         """
         cfg = self.cfg
         B = fmap.shape[0]
-        fmap = fmap.contiguous(memory_format=torch.channels_last)  # once: every crop below reads it as a table
+        fmap = fmap.contiguous(memory_format=torch.channels_last)  # once for the T + 1 crops (see crop_boxes)
         whole = fmap.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(B, 1, 4)
         h_r, state = self._regions(fmap, whole, None)  # R_0: the whole image
         h = h_r.mean(1)

@@ -268,3 +268,7 @@ def test_gathered_evaluation_equals_one_process_exactly(tmp_path):
     for a, b in zip(one, two, strict=True):
         assert a == b  # same batches, same floats: bit-identical metrics
         assert math.isfinite(a["weighted"]) and a["count"] == 23
+
+
+def test_leave_process_group_is_a_no_op_in_one_process():
+    assert leave_process_group(exit_code=3) is None  # no process group: it returns instead of exiting
