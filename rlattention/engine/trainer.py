@@ -149,8 +149,8 @@ def leave_process_group(exit_code: int | None = None, timeout: float = 300.0) ->
     Tearing a gloo process group down races its worker threads: a worker still dropping the last collective's
     tensors needs the GIL, while the thread destroying the group holds it and waits for that worker. Inside a
     run the two deadlock (seen: a rank hung freeing the DDP reducer at the end of ``fit``); at interpreter exit
-    Python ends the worker instead and the C++ runtime aborts the rank ("terminate called without an active
-    exception", SIGABRT) after its work was done, failing a run that succeeded. So a finished multi-process job
+    Python ends such a worker instead, the likely cause of the ranks that aborted after their work was done
+    ("terminate called without an active exception", SIGABRT), failing runs that succeeded. So a finished job
     never tears the group down: the ranks meet, every rank but 0 reports on the rendezvous store, rank 0 (the
     store's host under Lightning's launchers) waits for those reports, and with ``exit_code`` each rank flushes
     its output and leaves with ``os._exit`` (files, checkpoints and loggers are closed before this is called).
