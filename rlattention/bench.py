@@ -859,16 +859,9 @@ def bench_anchor_crop(quick: bool = False, seed: int = 0) -> dict[str, Any]:
     once per image, then cropped T times); also timed: the same call on an NCHW map, the conversion itself, and
     one ``grid_sample`` over all regions on the NCHW map (the implementation before the gather). Every call is
     timed after an untimed one of the same function (``settle``)."""
-    import torch.nn.functional as F
-
     from rlattention.vision.anchors import anchor_boxes
-    from rlattention.vision.crops import _grid, _lattice, crop_boxes
+    from rlattention.vision.crops import _bilinear_grid_sample, crop_boxes
     from rlattention.vision.reference import crop_boxes_loop_reference
-
-    def one_grid_sample(fmap: Tensor, boxes: Tensor, size: tuple[int, int]) -> Tensor:
-        xs, ys = _lattice(boxes, size[0], size[1], centres=True)
-        out = F.grid_sample(fmap, _grid(xs, ys), mode="bilinear", padding_mode="zeros", align_corners=False)
-        return out.reshape(fmap.shape[0], fmap.shape[1], boxes.shape[1], *size).transpose(1, 2)
 
     g = torch.Generator().manual_seed(seed)
     cases = [
@@ -905,7 +898,7 @@ def bench_anchor_crop(quick: bool = False, seed: int = 0) -> dict[str, Any]:
                 "batched": lambda m=fmap_cl, b=boxes, s=size: crop_boxes(m, b, s, mode="bilinear"),
                 "batched_nchw": lambda m=fmap, b=boxes, s=size: crop_boxes(m, b, s, mode="bilinear"),
                 "to_channels_last": lambda m=fmap: m.contiguous(memory_format=torch.channels_last),
-                "grid_sample": lambda m=fmap, b=boxes, s=size: one_grid_sample(m, b, s),
+                "grid_sample": lambda m=fmap, b=boxes, s=size: _bilinear_grid_sample(m, b, *s),
                 "loop": lambda m=fmap, b=boxes, s=size: crop_boxes_loop_reference(m, b, s),
             },
             repeat=5 if quick else 21,

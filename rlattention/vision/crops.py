@@ -76,10 +76,17 @@ def crop_boxes(
     if mode == "bilinear":
         if C >= GATHER_MIN_CHANNELS:
             return _bilinear_gather(images, boxes, h, w)
-        xs, ys = _lattice(boxes.to(images.dtype), h, w, centres=True)
-        out = F.grid_sample(images, _grid(xs, ys), mode="bilinear", padding_mode="zeros", align_corners=False)
-        return out.reshape(B, C, n, h, w).transpose(1, 2)
+        return _bilinear_grid_sample(images, boxes, h, w)
     raise ValueError(f"crop mode must be 'area' or 'bilinear', got {mode!r}")
+
+
+def _bilinear_grid_sample(images: Tensor, boxes: Tensor, h: int, w: int) -> Tensor:
+    """The same samples as :func:`_bilinear_gather` by one ``grid_sample`` of every cell centre:
+    ``(B, n, C, h, w)``."""
+    B, C = images.shape[:2]
+    xs, ys = _lattice(boxes.to(images.dtype), h, w, centres=True)
+    out = F.grid_sample(images, _grid(xs, ys), mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out.reshape(B, C, boxes.shape[1], h, w).transpose(1, 2)
 
 
 def _axis_taps(pos: Tensor, size: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
