@@ -391,7 +391,14 @@ class DARPConfig:
     epsilon_final: float = 0.05
     target_sync: int = 100  # optimiser steps between target-network syncs
     augment_degrees: float = 10.0  # random rotation of the sketch while training
-    eval_head: int = -1  # evaluation: -1 the mean of the K heads' mean locations (DQN: mean Q) | k: head k alone
+    eval_head: int = -1  # evaluation: -1 an ensemble of the K heads (see eval_ensemble) | k: head k alone
+    # ensemble at evaluation: locations: one episode at the mean of the heads' mean locations (DQN: mean Q) |
+    # embeddings: each head's own mean-location episode, the K embeddings averaged (K times the cost)
+    eval_ensemble: str = "locations"
+    # initial locator heads: centre: the default initialisation (every head starts near the centre) | spread:
+    # head k starts at its own point of a circle of radius locator_radius (bootstrap locator only)
+    locator_init: str = "centre"
+    locator_radius: float = 0.5
     select_on: str = "auir"
 
 
@@ -406,6 +413,8 @@ class DARP(SketchRetrievalMethod):
             ("h0", cfg.h0, ("zeros", "sketch_embedding")),
             ("reward", cfg.reward, ("threshold", "inverse_rank")),
             ("bootstrap_update", cfg.bootstrap_update, ("all", "acting")),
+            ("eval_ensemble", cfg.eval_ensemble, ("locations", "embeddings")),
+            ("locator_init", cfg.locator_init, ("centre", "spread")),
         ):
             if value not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -419,6 +428,7 @@ class DARP(SketchRetrievalMethod):
             ("epsilon_final", cfg.epsilon_final, 0.0 <= cfg.epsilon_final <= 1.0, "in [0, 1]"),
             ("target_sync", cfg.target_sync, cfg.target_sync >= 1, ">= 1"),
             ("eval_head", cfg.eval_head, -1 <= cfg.eval_head < cfg.num_heads, f"in -1..{cfg.num_heads - 1}"),
+            ("locator_radius", cfg.locator_radius, 0.0 <= cfg.locator_radius < 1.0, "in [0, 1)"),
         ):
             if not ok:
                 raise ValueError(f"model.{name} must be {what}, got {value}")
@@ -436,7 +446,11 @@ class DARP(SketchRetrievalMethod):
         self.context_proj = nn.Linear(self.embed_dim, cfg.glimpse_dim, bias=False) if cfg.context else None
         if cfg.locator == "bootstrap":
             self.locator = MultiHeadGaussianPolicy(cfg.hidden_size, cfg.num_heads, 2, cfg.std)
+            if cfg.locator_init == "spread":
+                self.locator.spread_(cfg.locator_radius)
             self.std_schedule = [LinearSchedule(s, None if cfg.std_final is None else e) for s, e in _pairs(cfg)]
+        elif cfg.locator_init != "centre":
+            raise ValueError(f"model.locator_init={cfg.locator_init!r} applies to the bootstrap locator only")
         else:
             self.q_heads = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.grid**2)
             self.q_target = TargetNetwork(self.q_heads)
@@ -485,20 +499,31 @@ class DARP(SketchRetrievalMethod):
         net = self.q_target if target else self.q_heads
         return net(h).unflatten(-1, (self.cfg.num_heads, self.cfg.grid**2))  # (..., K, A)
 
-    def episode(self, sketches: Tensor, deterministic: bool = False, generator: torch.Generator | None = None):
+    def episode(
+        self,
+        sketches: Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        head: int | None = None,
+    ):
         """sketches ``(B, S, H, W)`` in [0, 1] -> dict of hidden states ``(B, T, F)``, embeddings a_t
         ``(B, T, D)``, locations ``(B, T, 2)`` (v used by each glimpse), the actions (v_1..v_{T-1}) and, for the
-        DQN locator, their cell indices. T = S * glimpses_per_step."""
+        DQN locator, their cell indices. T = S * glimpses_per_step. ``head``: the head that acts (default: one
+        sampled per episode when training, the ensemble or ``eval_head`` when deterministic)."""
         cfg = self.cfg
         B, S = sketches.shape[:2]
         T = S * cfg.glimpses_per_step
         state = self.initial_state(sketches)
         loc = sketches.new_zeros(B, 2)  # v_0: the centre
-        head = None  # deterministic: the ensemble of the heads (eval_head < 0) or one head
-        if not deterministic:
+        if head is not None:
+            if not 0 <= head < cfg.num_heads:
+                raise ValueError(f"head must be in 0..{cfg.num_heads - 1}, got {head}")
+            head = torch.full((B,), head, dtype=torch.long, device=sketches.device)
+        elif not deterministic:
             head = sample_heads(B, cfg.num_heads, generator, sketches.device)  # fixed for the episode
         elif cfg.eval_head >= 0:
             head = torch.full((B,), cfg.eval_head, dtype=torch.long, device=sketches.device)
+        # else (deterministic): head stays None, the ensemble of the heads
         hs, locs, cells = [], [], []
         t = 0
         for s in range(S):
@@ -608,7 +633,10 @@ class DARP(SketchRetrievalMethod):
         average over ``mc_samples`` sampled episodes), and the phase-1 photo embedding."""
         sketches, photos = split_layout(images)
         G = self.cfg.glimpses_per_step
-        if mc_samples <= 0:
+        if mc_samples <= 0 and self.cfg.eval_head < 0 and self.cfg.eval_ensemble == "embeddings":
+            heads = range(self.cfg.num_heads)
+            a = sum(self.episode(sketches, True, head=k)["embedding"][:, G - 1 :: G] for k in heads) / len(heads)
+        elif mc_samples <= 0:
             a = self.episode(sketches, deterministic=True)["embedding"][:, G - 1 :: G]
         else:
             a = sum(self.episode(sketches, False, generator)["embedding"][:, G - 1 :: G] for _ in range(mc_samples))
@@ -620,19 +648,24 @@ class DARP(SketchRetrievalMethod):
         from rlattention.vision.plot import plot_glimpses
 
         sketches, _ = split_layout(images)
-        ep = self.episode(sketches, deterministic=True)
-        G, S = self.cfg.glimpses_per_step, self.steps
-        sides = [self.cfg.glimpse_size * self.cfg.scale_factor**k for k in range(self.cfg.num_scales)]
+        cfg = self.cfg
+        G, S = cfg.glimpses_per_step, self.steps
+        # the episodes that evaluation runs: the ensemble's, or with eval_ensemble=embeddings one per head
+        heads = [None] if cfg.eval_head >= 0 or cfg.eval_ensemble == "locations" else list(range(cfg.num_heads))
+        sides = [cfg.glimpse_size * cfg.scale_factor**k for k in range(cfg.num_scales)]
         paths = []
-        for i in range(len(images)):
-            for s in sorted({max(0, S // 4 - 1), S // 2 - 1, S - 1}):
-                locs = ep["locations"][i, s * G : (s + 1) * G]
-                prepared = self.sensor.prepare(sketches[i : i + 1, s : s + 1].expand(G, -1, -1, -1))
-                patches = self.sensor.extract(prepared, locs, sketches.dtype)
-                path = Path(out_dir) / f"glimpses_{i:03d}_step{s + 1:02d}.png"
-                title = f"photo {int(targets[i])}, completion {s + 1}/{S}"
-                plot_glimpses(sketches[i, s : s + 1], locs, patches, sides, path, title=title)
-                paths.append(path)
+        for k in heads:
+            ep = self.episode(sketches, deterministic=True, head=k)
+            tag = "" if k is None else f"_head{k}"
+            for i in range(len(images)):
+                for s in sorted({max(0, S // 4 - 1), S // 2 - 1, S - 1}):
+                    locs = ep["locations"][i, s * G : (s + 1) * G]
+                    prepared = self.sensor.prepare(sketches[i : i + 1, s : s + 1].expand(G, -1, -1, -1))
+                    patches = self.sensor.extract(prepared, locs, sketches.dtype)
+                    path = Path(out_dir) / f"glimpses_{i:03d}_step{s + 1:02d}{tag}.png"
+                    title = f"photo {int(targets[i])}, completion {s + 1}/{S}" + ("" if k is None else f", head {k}")
+                    plot_glimpses(sketches[i, s : s + 1], locs, patches, sides, path, title=title)
+                    paths.append(path)
         return paths
 
 

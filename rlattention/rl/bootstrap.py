@@ -8,6 +8,7 @@ bootstrapped-DQN locator baseline (K Q-heads over a discretised action set).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -61,6 +62,23 @@ class MultiHeadGaussianPolicy(nn.Module):
         if len(values) != self.action_dim or min(values) <= 0:
             raise ValueError(f"policy std must be {self.action_dim} positive values (or one), got {value}")
         self._std = values
+
+    @torch.no_grad()
+    def spread_(self, radius: float = 0.5, weight_scale: float = 0.1) -> MultiHeadGaussianPolicy:
+        """Start head k at its own point of a circle of ``radius`` around the centre (angle 2 pi k / K; a 2-d
+        action only), with the input weights scaled by ``weight_scale`` so the state moves each mean only a
+        little at first. With the default initialisation every head starts near the centre (tanh of a small
+        output), so when the rewards are sparse all K heads look at the same place and the bootstrap has no
+        diversity to exploit."""
+        if self.action_dim != 2:
+            raise ValueError(f"spread_ places 2-d locations, this policy has action_dim {self.action_dim}")
+        if not 0.0 <= radius < 1.0:
+            raise ValueError(f"spread radius must be in [0, 1) (tanh range), got {radius}")
+        angle = torch.arange(self.num_heads, dtype=torch.float64) * (2 * math.pi / self.num_heads)
+        points = radius * torch.stack((angle.cos(), angle.sin()), -1)  # (K, 2), x then y
+        self.fc.bias.copy_(torch.atanh(points).flatten().to(self.fc.bias.dtype))
+        self.fc.weight.mul_(weight_scale)
+        return self
 
     def std_tensor(self, like: Tensor) -> Tensor:
         return torch.tensor(self._std, dtype=like.dtype, device=like.device)

@@ -214,3 +214,34 @@ def test_eval_head_selects_one_head_or_the_ensemble(phase1):
     assert torch.allclose(ep_one["locations"][:, 1], means[:, 2], atol=1e-6)
     with pytest.raises(ValueError, match="model.eval_head"):
         DARP.from_config(DARPConfig(**small_darp(phase1, eval_head=6)), info)
+
+
+def test_embedding_ensemble_averages_each_heads_own_episode(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    images = splits.test.images[:3].float() / 255
+    x = images[:, :S]
+    torch.manual_seed(0)
+    model = DARP.from_config(
+        DARPConfig(**small_darp(phase1, eval_ensemble="embeddings", locator_init="spread")), info
+    ).eval()
+    G, K = model.cfg.glimpses_per_step, model.cfg.num_heads
+    episodes = [model.episode(x, deterministic=True, head=k) for k in range(K)]
+    # spread heads start apart: their first actions differ
+    first = torch.stack([ep["locations"][:, 1] for ep in episodes], 1)  # (B, K, 2)
+    assert torch.cdist(first, first).amax() > 0.3
+    expected = torch.stack([ep["embedding"][:, G - 1 :: G] for ep in episodes]).mean(0)
+    query, _ = model.unpack(model.predict(images))
+    assert torch.allclose(query, expected, atol=1e-6)
+    # not the same as one episode at the mean location
+    model.cfg.eval_ensemble = "locations"
+    query_loc, _ = model.unpack(model.predict(images))
+    assert not torch.allclose(query_loc, expected, atol=1e-4)
+    with pytest.raises(ValueError, match="head must be"):
+        model.episode(x, deterministic=True, head=K)
+    with pytest.raises(ValueError, match="model.eval_ensemble"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, eval_ensemble="votes")), info)
+    with pytest.raises(ValueError, match="bootstrap locator only"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, locator="dqn", locator_init="spread")), info)
+    with pytest.raises(ValueError, match="model.locator_radius"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, locator_init="spread", locator_radius=1.0)), info)

@@ -122,3 +122,20 @@ def test_bootstrapped_q_loss_masks_heads():
     masks[:, 0] = 1
     bootstrapped_q_loss(q, action, target, masks).backward()
     assert q.grad[:, 1:].abs().sum() == 0 and q.grad[:, 0].abs().sum() > 0
+
+
+def test_spread_starts_each_head_on_its_own_point_of_the_circle():
+    torch.manual_seed(0)
+    policy = MultiHeadGaussianPolicy(16, 6, 2, 0.2).spread_(radius=0.5)
+    mu = policy.means(torch.zeros(1, 16))[0]  # (K, 2): the biases alone
+    angle = torch.arange(6) * (2 * math.pi / 6)
+    assert torch.allclose(mu, 0.5 * torch.stack((angle.cos(), angle.sin()), -1), atol=1e-6)
+    assert torch.allclose(mu.norm(dim=-1), torch.full((6,), 0.5), atol=1e-6)
+    assert torch.cdist(mu, mu).add(torch.eye(6)).min() > 0.4  # distinct points
+    # the state moves each mean only a little at first
+    h = torch.randn(64, 16)
+    assert (policy.means(h) - mu).abs().max() < 0.2
+    with pytest.raises(ValueError, match="radius"):
+        MultiHeadGaussianPolicy(16, 6, 2, 0.2).spread_(radius=1.0)
+    with pytest.raises(ValueError, match="action_dim"):
+        MultiHeadGaussianPolicy(16, 6, 3, 0.2).spread_()
