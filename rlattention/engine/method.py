@@ -59,6 +59,14 @@ class AttentionMethod(nn.Module):
     def from_config(cls, cfg: Any, info: DataInfo) -> AttentionMethod:
         raise NotImplementedError(f"{cls.__name__} must implement from_config")
 
+    @classmethod
+    def from_checkpoint(cls, cfg: Any, info: DataInfo, state: dict[str, Any]) -> AttentionMethod:
+        """The model that a checkpoint's weights ``state`` (its ``model`` entry) are about to be loaded into.
+        The default is :meth:`from_config`; a method whose construction reads an external artifact (darp's
+        phase-1 file) rebuilds it from ``state`` instead, so a checkpoint stays usable when that file has
+        moved or been overwritten."""
+        return cls.from_config(cfg, info)
+
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:  # pragma: no cover - interface
         raise NotImplementedError(f"{type(self).__name__} must implement forward (the training step)")
 

@@ -129,12 +129,13 @@ def _gather_rows(fabric: Fabric, row: torch.Tensor) -> torch.Tensor:
     return fabric.all_gather(row.to(fabric.device)).cpu()
 
 
-def build_model(cfg: ExperimentConfig, splits: Any) -> AttentionMethod:
+def build_model(cfg: ExperimentConfig, splits: Any, state: dict | None = None) -> AttentionMethod:
     """The method of ``cfg`` built for ``splits`` as :func:`fit` builds it (``on_fit_start`` called); the caller
-    seeds the random streams first."""
-    model = get_method(cfg.method).from_config(
-        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
-    )
+    seeds the random streams first. ``state``: the weights of a checkpoint about to be loaded into it (see
+    :meth:`AttentionMethod.from_checkpoint`)."""
+    info = DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
+    method = get_method(cfg.method)
+    model = method.from_config(cfg.model, info) if state is None else method.from_checkpoint(cfg.model, info, state)
     model.on_fit_start(splits)
     return model
 
@@ -490,7 +491,8 @@ def fit(
         with fabric.rank_zero_first():  # rank 0 writes any render cache; the others then read it
             splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
-    model = build_model(cfg, splits)
+    # resuming: the model is rebuilt from the checkpoint's weights where a method reads an artifact (darp)
+    model = build_model(cfg, splits, load_checkpoint_file(resume_path)["model"] if resume_path else None)
     if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
         options = method_cls.cpu_compile_options if fabric.device.type == "cpu" else {}
         model.compile(options=dict(options) or None)
@@ -723,8 +725,8 @@ def _build_for_eval(ckpt: dict, path: str | Path, data_dir: str | None, fabric: 
             splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     else:
         splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
-    model = get_method(cfg.method).from_config(
-        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta))
+    model = get_method(cfg.method).from_checkpoint(
+        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)), ckpt["model"]
     )
     try:
         model.load_state_dict(ckpt["model"])

@@ -314,6 +314,50 @@ class Phase1(nn.Module):
         super().train(False)
         return self
 
+    # the phase-1 architecture travels in every phase-2 checkpoint (``phase1._extra_state``), so a checkpoint
+    # can be evaluated or resumed without the phase1.safetensors it was trained from (see phase1_from_state)
+    def get_extra_state(self) -> dict[str, str]:
+        return {"format": PHASE1_FORMAT, "model_config": json.dumps(asdict(self.net.cfg))}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or state.get("format") != PHASE1_FORMAT:
+            raise ValueError(f"phase1._extra_state: expected a {PHASE1_FORMAT!r} record, got {state!r:.200}")
+        if json.loads(state["model_config"]) != json.loads(json.dumps(asdict(self.net.cfg))):
+            raise ValueError(
+                f"the checkpoint's phase-1 networks were built with {state['model_config']}, this model's with "
+                f"{json.dumps(asdict(self.net.cfg))}"
+            )
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        key = prefix + "_extra_state"
+        if key in missing_keys:  # checkpoints written before the record existed
+            missing_keys.remove(key)
+
+
+def phase1_from_state(state: dict[str, Any], info: DataInfo, prefix: str = "phase1.") -> Phase1 | None:
+    """The phase-1 networks and gallery stored in a phase-2 checkpoint's weights ``state``, or None when the
+    checkpoint predates the stored architecture record."""
+    record = state.get(prefix + "_extra_state")
+    if record is None:
+        return None
+    if not isinstance(record, dict) or record.get("format") != PHASE1_FORMAT or "model_config" not in record:
+        raise ValueError(f"{prefix}_extra_state: expected a {PHASE1_FORMAT!r} record, got {record!r:.200}")
+    gallery, present = state.get(prefix + "gallery"), state.get(prefix + "present")
+    if gallery is None or present is None:
+        raise ValueError(f"the checkpoint has no {prefix}gallery / {prefix}present tensors")
+    if gallery.shape[0] != info.num_classes:
+        raise ValueError(
+            f"the checkpoint's phase-1 gallery has {gallery.shape[0]} photos, this dataset {info.num_classes}"
+        )
+    triplet = TripletNetwork(TripletConfig(**json.loads(record["model_config"])), info)
+    net = {k.removeprefix(prefix + "net."): v for k, v in state.items() if k.startswith(prefix + "net.")}
+    try:
+        triplet.load_state_dict(net)
+    except RuntimeError as err:
+        raise ValueError(f"the checkpoint's phase-1 networks do not match their recorded config: {err}") from None
+    return Phase1(triplet, gallery.float(), present.bool())
+
 
 def load_phase1(path: str | os.PathLike, info: DataInfo) -> Phase1:
     """Read a ``phase1.safetensors`` artifact (or the run folder holding it) and check it fits ``info``."""
@@ -469,6 +513,13 @@ class DARP(SketchRetrievalMethod):
     @classmethod
     def from_config(cls, cfg: DARPConfig, info: DataInfo) -> DARP:
         return cls(cfg, info, load_phase1(cfg.phase1, info))
+
+    @classmethod
+    def from_checkpoint(cls, cfg: DARPConfig, info: DataInfo, state: dict[str, Any]) -> DARP:
+        """Phase 1 from the checkpoint itself (``model.phase1`` is not read), or from the file for checkpoints
+        written before the checkpoint recorded it."""
+        phase1 = phase1_from_state(state, info)
+        return cls(cfg, info, phase1) if phase1 is not None else cls.from_config(cfg, info)
 
     def on_fit_start(self, splits: Any) -> None:
         ids = torch.unique(splits.train.targets.long())
@@ -756,10 +807,40 @@ class EmbeddingPolicy(SketchRetrievalMethod):
     def from_config(cls, cfg: PolicyConfig, info: DataInfo) -> EmbeddingPolicy:
         return cls(cfg, info, load_phase1(cfg.phase1, info))
 
+    @classmethod
+    def from_checkpoint(cls, cfg: PolicyConfig, info: DataInfo, state: dict[str, Any]) -> EmbeddingPolicy:
+        phase1 = phase1_from_state(state, info)
+        return cls(cfg, info, phase1) if phase1 is not None else cls.from_config(cfg, info)
+
     on_fit_start = DARP.on_fit_start
 
     def set_progress(self, progress: float) -> None:
         self.std = self.std_schedule(progress)
+
+    _MEMORY_KEYS = ("feats", "base", "action", "log_pi", "G")
+
+    # PPO's replay memory is part of the training state: it travels in the checkpoint, so a resumed run
+    # continues with the experience it had (rank 0's under DDP; every rank resumes with it)
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"ppo_memory": [{k: m[k].detach().cpu() for k in self._MEMORY_KEYS} for m in self.memory]}
+
+    def set_extra_state(self, state: Any) -> None:
+        memory = state.get("ppo_memory") if isinstance(state, dict) else None
+        if not isinstance(memory, list) or not all(
+            isinstance(m, dict) and all(isinstance(m.get(k), Tensor) for k in self._MEMORY_KEYS) for m in memory
+        ):
+            raise ValueError(
+                f"_extra_state: expected {{'ppo_memory': [dicts of tensors {', '.join(self._MEMORY_KEYS)}]}}, "
+                f"got {type(state).__name__}"
+            )
+        device = self.step_count.device
+        self.memory.clear()
+        self.memory.extend({k: m[k].to(device) for k in self._MEMORY_KEYS} for m in memory[-self.memory.maxlen :])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        if prefix + "_extra_state" in missing_keys:  # checkpoints written before the memory was saved
+            missing_keys.remove(prefix + "_extra_state")
 
     def _state(self, sketches: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         with torch.no_grad():
@@ -797,7 +878,8 @@ class EmbeddingPolicy(SketchRetrievalMethod):
             # replay memory: experience of the last ppo_memory batches, with the log-probs of the policy that
             # acted; the states are recomputed from the stored (frozen) features under the current weights
             self.memory.append({"feats": feats, "base": base, "action": action, "log_pi": log_pi.detach(), "G": G})
-            mem = {k: torch.cat([m[k] for m in self.memory]) for k in self.memory[0]}
+            # (.to: a memory restored from a checkpoint before the model moved to its device)
+            mem = {k: torch.cat([m[k].to(feats.device) for m in self.memory]) for k in self.memory[0]}
             state_m = self.rnn(mem["feats"])[0] if self.rnn is not None else mem["feats"]
             mu_m = self._mean(state_m, mem["base"]).float()
             v_m = self.value(state_m).squeeze(-1)

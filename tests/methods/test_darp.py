@@ -5,6 +5,7 @@ tests/data): phase 1 trains and writes its artifact, phase 2 reads it; gradients
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.engine.checkpoint import load_checkpoint_file
 from rlattention.engine.config import from_dict
 from rlattention.engine.method import DataInfo
+from rlattention.engine.registry import get_method
 from rlattention.engine.trainer import fit
 from rlattention.methods.darp import DARP, DARPConfig, EmbeddingPolicy, PolicyConfig, load_phase1
 
@@ -131,10 +133,75 @@ def test_phase2_smoke_fit_and_eval(tmp_path, phase1, model):
     assert (loaded.train_row >= 0).sum() == 8  # the training gallery survives the checkpoint
 
 
+@pytest.mark.parametrize(
+    ("method", "model"),
+    [("darp", {"glimpses_per_step": 2, "hidden_size": 32, "glimpse_dim": 16}), ("darp_policy", {"hidden_size": 16})],
+)
+def test_phase2_checkpoint_needs_no_phase1_file(tmp_path, phase1, method, model):
+    """A phase-2 checkpoint carries its phase-1 networks: it evaluates and resumes after the phase-1 file is
+    gone, and a different phase-1 file at that path does not change it."""
+    p1 = tmp_path / "phase1.safetensors"
+    shutil.copy(phase1, p1)
+    run(tmp_path, method, {**model, "phase1": str(p1)}, "p2")
+    last = tmp_path / "p2" / "checkpoints" / "last.ckpt"
+    ckpt = load_checkpoint_file(last)
+    cls, info = get_method(method), DataInfo((S + 3, SIDE, SIDE), PHOTOS)
+    cfg = cls.Config(**ckpt["config"]["model"])
+    images = synthetic_splits().test.images[:4].float() / 255
+
+    def predict() -> torch.Tensor:
+        m = cls.from_checkpoint(cfg, info, ckpt["model"])
+        m.load_state_dict(ckpt["model"])
+        return m.eval().predict(images)
+
+    before = predict()
+    p1.unlink()
+    with pytest.raises(FileNotFoundError):
+        cls.from_config(cfg, info)  # the file is gone...
+    assert torch.equal(predict(), before)  # ...and the checkpoint does not need it
+    # a phase-1 file of another training at the same path: the checkpoint keeps its own networks
+    other = run(tmp_path, "darp_triplet", {"channels": [8, 16], "augment_degrees": 5.0, "margin": 0.5}, "o", 2)
+    shutil.copy(other["artifacts"][0], p1)
+    assert torch.equal(predict(), before)
+    p1.unlink()
+    resumed = fit(
+        from_dict({**ckpt["config"], "trainer": {**ckpt["config"]["trainer"], "max_steps": 5}}),
+        resume=last,
+        splits=synthetic_splits(),
+    )
+    assert resumed["steps"] == 5
+    # a broken record is named
+    bad = dict(ckpt["model"], **{"phase1._extra_state": {"format": "something else"}})
+    with pytest.raises(ValueError, match="phase1._extra_state"):
+        cls.from_checkpoint(cfg, info, bad)
+    # checkpoints written before the record: phase 1 from the file, the weights still load
+    old = {k: v for k, v in ckpt["model"].items() if k != "phase1._extra_state"}
+    shutil.copy(phase1, p1)
+    m = cls.from_checkpoint(cfg, info, old)
+    m.load_state_dict(old)
+    assert torch.equal(m.eval().predict(images), before)
+
+
 @pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
 def test_policy_baselines_smoke_fit(tmp_path, phase1, algorithm):
     report = run(tmp_path, "darp_policy", {"phase1": str(phase1), "algorithm": algorithm, "hidden_size": 16}, "pb")
     assert report["steps"] == 3 and 0.0 <= report["test"]["auir"] <= 1.0
+
+
+def test_ppo_memory_travels_in_the_checkpoint(tmp_path, phase1):
+    run(tmp_path, "darp_policy", {"phase1": str(phase1), "algorithm": "ppo", "hidden_size": 16, "ppo_memory": 2}, "pm")
+    ckpt = load_checkpoint_file(tmp_path / "pm" / "checkpoints" / "last.ckpt")
+    info = DataInfo((S + 3, SIDE, SIDE), PHOTOS)
+    model = EmbeddingPolicy.from_config(PolicyConfig(**ckpt["config"]["model"]), info)
+    assert len(model.memory) == 0
+    model.load_state_dict(ckpt["model"])
+    assert len(model.memory) == 2  # the last ppo_memory batches of the 3 steps
+    saved = ckpt["model"]["_extra_state"]["ppo_memory"]
+    for got, want in zip(model.memory, saved, strict=True):
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    assert model.memory[-1]["G"].shape == (16, S)  # batch 16 of the last step, S completion steps
+    with pytest.raises(ValueError, match="ppo_memory"):
+        model.load_state_dict({**ckpt["model"], "_extra_state": {"ppo_memory": [{"feats": 1}]}})
 
 
 def test_policy_baseline_starts_at_the_triplet_network(tmp_path, phase1):
