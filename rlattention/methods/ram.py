@@ -37,6 +37,7 @@ from rlattention.rl import (
     terminal_returns,
 )
 from rlattention.vision import GlimpseSensor
+from rlattention.vision.transforms import random_shift
 
 
 @dataclass
@@ -60,6 +61,8 @@ class RAMConfig:
     reinforce_weight: float = 1.0  # weight of the REINFORCE term in the hybrid loss
     baseline_weight: float = 1.0  # weight of the baseline regression
     gamma: float = 1.0  # discount of the terminal reward (1: every action gets R)
+    # training only (not in the papers): translate each image by up to this many pixels (zero padding)
+    augment_shift: int = 0
 
 
 class GlimpseNetwork(nn.Module):
@@ -126,6 +129,8 @@ class RAM(AttentionMethod):
             raise ValueError(f"model.std_final must be > 0 (or null for a fixed sigma), got {cfg.std_final}")
         if cfg.init_location not in ("random", "center"):
             raise ValueError(f"model.init_location must be 'random' or 'center', got {cfg.init_location!r}")
+        if cfg.augment_shift < 0:
+            raise ValueError(f"model.augment_shift must be >= 0 pixels, got {cfg.augment_shift}")
         self.cfg = cfg
         channels = info.image_shape[0]
         self.sensor = GlimpseSensor(cfg.glimpse_size, cfg.num_scales, cfg.scale_factor, cfg.glimpse_mode)
@@ -144,6 +149,10 @@ class RAM(AttentionMethod):
 
     def set_progress(self, progress: float) -> None:
         self.locator.std = self.std_schedule(progress)
+
+    def augment(self, images: Tensor) -> Tensor:
+        """The training images, each translated by up to ``augment_shift`` pixels (zero padding)."""
+        return random_shift(images, self.cfg.augment_shift) if self.cfg.augment_shift > 0 else images
 
     def initial_location(self, batch: int, like: Tensor, generator: torch.Generator | None) -> Tensor:
         if self.cfg.init_location == "center":
@@ -197,6 +206,7 @@ class RAM(AttentionMethod):
         )
 
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
+        images = self.augment(images)
         ep = self.episode(images)
         cfg = self.cfg
         nll = F.cross_entropy(ep.logits, targets)  # -log p(y | H_T)

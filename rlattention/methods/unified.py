@@ -254,7 +254,7 @@ class Unified(RAM):
 
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
         cfg = self.cfg
-        ep, logits, td = self.run(images, deterministic=False)
+        ep, logits, td = self.run(self.augment(images), deterministic=False)
         y = self._targets(targets)
         K = logits.shape[-1]
         # -y log alpha_T (per token; padding ignored)

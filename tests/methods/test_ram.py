@@ -115,3 +115,31 @@ def test_bad_model_config():
         _model(core="gru")
     with pytest.raises(ValueError, match="init_location"):
         _model(init_location="corner")
+
+
+@pytest.mark.parametrize("method", ["ram", "unified"])
+def test_augment_shift_translates_training_images_only(method, monkeypatch):
+    cls = get_method(method)
+    model = cls.from_config(cls.Config(augment_shift=2), DataInfo((1, 12, 12), 10))
+    seen = []
+    real_episode = RAM.episode
+
+    def spy(self, images, *args, **kwargs):
+        seen.append(images.clone())
+        return real_episode(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(RAM, "episode", spy)
+    images = torch.zeros(64, 1, 12, 12)
+    images[:, 0, 5, 6] = 1.0  # one bright pixel
+    torch.manual_seed(0)
+    model(images, torch.zeros(64, dtype=torch.long))
+    shifted = seen[-1]
+    assert shifted.shape == images.shape and torch.equal(shifted.sum((1, 2, 3)), torch.ones(64))  # moved, not lost
+    where = shifted[:, 0].flatten(1).argmax(1)
+    dy, dx = where // 12 - 5, where % 12 - 6
+    assert dy.abs().max() <= 2 and dx.abs().max() <= 2
+    assert len(set(zip(dy.tolist(), dx.tolist(), strict=True))) > 5  # different shifts per image
+    model.eval().predict(images)
+    assert torch.equal(seen[-1], images)  # evaluation sees the images as they are
+    with pytest.raises(ValueError, match="model.augment_shift"):
+        cls.from_config(cls.Config(augment_shift=-1), DataInfo((1, 12, 12), 10))
