@@ -22,12 +22,9 @@ from rlattention.methods.darp import split_layout
 
 
 @torch.no_grad()
-def head_placement(run: str, data_dir: str | None, limit: int) -> dict:
-    cfg, model, splits = load_for_eval(f"{run}/checkpoints/best.ckpt", data_dir)
-    if cfg.method != "darp" or cfg.model.locator != "bootstrap":
-        raise ValueError(f"{run}: a darp run with the bootstrap locator is needed, got {cfg.method}")
+def placement(model, images: torch.Tensor) -> dict:
+    """The measures above for a DARP model (bootstrap locator) on sketch-retrieval items ``images``."""
     model.eval()
-    images = splits.test.images[:limit]
     sketches, _ = split_layout(images.float() / 255 if images.dtype == torch.uint8 else images.float())
     heads = range(model.cfg.num_heads)
     locs = torch.stack([model.episode(sketches, True, head=k)["locations"][:, 1:] for k in heads])  # (K, B, T, 2)
@@ -35,13 +32,19 @@ def head_placement(run: str, data_dir: str | None, limit: int) -> dict:
     K = len(means)
     pairwise = torch.cdist(means, means).sum() / max(1, K * (K - 1))
     return {
-        "run": run,
         "head_means": [[round(v, 3) for v in m.tolist()] for m in means],
         "mean_pairwise_distance": round(float(pairwise), 3),
         "distance_from_centre": round(float(means.norm(dim=-1).mean()), 3),
         "episode_spread": round(float(locs.std(2).norm(dim=-1).mean()), 3),
         "sketches": len(images),
     }
+
+
+def head_placement(run: str, data_dir: str | None, limit: int) -> dict:
+    cfg, model, splits = load_for_eval(f"{run}/checkpoints/best.ckpt", data_dir)
+    if cfg.method != "darp" or cfg.model.locator != "bootstrap":
+        raise ValueError(f"{run}: a darp run with the bootstrap locator is needed, got method {cfg.method}")
+    return {"run": run, **placement(model, splits.test.images[:limit])}
 
 
 def main(argv: list[str] | None = None) -> int:

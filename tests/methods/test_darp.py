@@ -312,3 +312,26 @@ def test_embedding_ensemble_averages_each_heads_own_episode(phase1):
         DARP.from_config(DARPConfig(**small_darp(phase1, locator="dqn", locator_init="spread")), info)
     with pytest.raises(ValueError, match="model.locator_radius"):
         DARP.from_config(DARPConfig(**small_darp(phase1, locator_init="spread", locator_radius=1.0)), info)
+
+
+def test_darp_heads_benchmark_measures_head_placement(phase1):
+    """benchmarks/darp_heads.py: heads started apart are apart; heads forced onto one point are not."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "darp_heads.py"
+    spec = importlib.util.spec_from_file_location("darp_heads", script)
+    heads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(heads)
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    torch.manual_seed(0)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, locator_init="spread", locator_radius=0.5)), info)
+    apart = heads.placement(model, splits.test.images[:4])
+    assert apart["sketches"] == 4 and len(apart["head_means"]) == 6
+    assert apart["mean_pairwise_distance"] > 0.4 and 0.4 < apart["distance_from_centre"] < 0.6
+    with torch.no_grad():
+        model.locator.fc.weight.zero_()
+        model.locator.fc.bias.fill_(0.2)  # every head at (tanh 0.2, tanh 0.2), whatever the state
+    together = heads.placement(model, splits.test.images[:4])
+    assert together["mean_pairwise_distance"] == 0.0 and together["episode_spread"] == 0.0
+    assert together["distance_from_centre"] == pytest.approx(2**0.5 * torch.tanh(torch.tensor(0.2)).item(), abs=1e-3)
