@@ -416,7 +416,9 @@ class DARPConfig:
     hidden_size: int = 256  # h_t
     h0: str = "sketch_embedding"  # zeros | sketch_embedding: a linear map of the phase-1 embedding of partial 1
     context: bool = False  # (not in the paper) also feed the phase-1 embedding of the current partial into g_t
-    locator: str = "bootstrap"  # bootstrap: K Gaussian heads (DARP) | dqn: bootstrapped DQN over a grid
+    # bootstrap: K Gaussian heads (DARP) | dqn: bootstrapped DQN over a grid | raster: no policy, the glimpses of
+    # each partial visit a fixed rows x cols raster (rows = floor(sqrt(glimpses_per_step))) in order (an ablation)
+    locator: str = "bootstrap"
     num_heads: int = 6  # K
     mask_prob: float = 0.5  # p of the bootstrap masks omega ~ Bernoulli(p)^K
     bootstrap_update: str = "all"  # all: every head learns from its masked share | acting: only the acting head
@@ -453,7 +455,7 @@ class DARP(SketchRetrievalMethod):
     def __init__(self, cfg: DARPConfig, info: DataInfo, phase1: Phase1) -> None:
         super().__init__()
         for name, value, allowed in (
-            ("locator", cfg.locator, ("bootstrap", "dqn")),
+            ("locator", cfg.locator, ("bootstrap", "dqn", "raster")),
             ("h0", cfg.h0, ("zeros", "sketch_embedding")),
             ("reward", cfg.reward, ("threshold", "inverse_rank")),
             ("bootstrap_update", cfg.bootstrap_update, ("all", "acting")),
@@ -495,6 +497,8 @@ class DARP(SketchRetrievalMethod):
             self.std_schedule = [LinearSchedule(s, None if cfg.std_final is None else e) for s, e in _pairs(cfg)]
         elif cfg.locator_init != "centre":
             raise ValueError(f"model.locator_init={cfg.locator_init!r} applies to the bootstrap locator only")
+        elif cfg.locator == "raster":
+            self.register_buffer("raster", raster_locations(cfg.glimpses_per_step), persistent=False)
         else:
             self.q_heads = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.grid**2)
             self.q_target = TargetNetwork(self.q_heads)
@@ -532,7 +536,7 @@ class DARP(SketchRetrievalMethod):
     def set_progress(self, progress: float) -> None:
         if self.cfg.locator == "bootstrap":
             self.locator.std = tuple(s(progress) for s in self.std_schedule)
-        else:
+        elif self.cfg.locator == "dqn":
             self.epsilon = self.epsilon_schedule(progress)
 
     # ---------------------------------------------------------------- the episode
@@ -566,6 +570,8 @@ class DARP(SketchRetrievalMethod):
         T = S * cfg.glimpses_per_step
         state = self.initial_state(sketches)
         loc = sketches.new_zeros(B, 2)  # v_0: the centre
+        if cfg.locator == "raster":
+            loc = self.raster[0].to(sketches.dtype).expand(B, 2)
         if head is not None:
             if not 0 <= head < cfg.num_heads:
                 raise ValueError(f"head must be in 0..{cfg.num_heads - 1}, got {head}")
@@ -592,7 +598,9 @@ class DARP(SketchRetrievalMethod):
                 h, state = self.core(g_t, state)  # h_t = RNN(h_{t-1}, g_t)
                 hs.append(h)
                 t += 1
-                if t < T:
+                if t < T and cfg.locator == "raster":
+                    loc = self.raster[t % cfg.glimpses_per_step].to(sketches.dtype).expand(B, 2)
+                elif t < T:
                     loc, cell = self._act(h.detach(), head, deterministic, generator)
                     if cell is not None:
                         cells.append(cell)
@@ -645,7 +653,9 @@ class DARP(SketchRetrievalMethod):
         masks = bootstrap_masks((B, T1), cfg.num_heads, cfg.mask_prob, device=images.device)  # fresh per experience
         if cfg.bootstrap_update == "acting":
             masks = masks * F.one_hot(ep["head"], cfg.num_heads).to(masks.dtype)[:, None]
-        if cfg.locator == "bootstrap":
+        if cfg.locator == "raster":
+            rl = supervised.new_zeros(())  # no policy to train
+        elif cfg.locator == "bootstrap":
             log_pi = self.locator.log_prob_all(ep["actions"], h_act)  # (B, T-1, K)
             rl = bootstrapped_reinforce_loss(log_pi, G, masks, b) / T1  # eq. 8, per head on its masked share
         else:
@@ -684,7 +694,8 @@ class DARP(SketchRetrievalMethod):
         average over ``mc_samples`` sampled episodes), and the phase-1 photo embedding."""
         sketches, photos = split_layout(images)
         G = self.cfg.glimpses_per_step
-        if mc_samples <= 0 and self.cfg.eval_head < 0 and self.cfg.eval_ensemble == "embeddings":
+        heads_matter = self.cfg.locator != "raster"
+        if mc_samples <= 0 and heads_matter and self.cfg.eval_head < 0 and self.cfg.eval_ensemble == "embeddings":
             heads = range(self.cfg.num_heads)
             a = sum(self.episode(sketches, True, head=k)["embedding"][:, G - 1 :: G] for k in heads) / len(heads)
         elif mc_samples <= 0:
@@ -702,7 +713,8 @@ class DARP(SketchRetrievalMethod):
         cfg = self.cfg
         G, S = cfg.glimpses_per_step, self.steps
         # the episodes that evaluation runs: the ensemble's, or with eval_ensemble=embeddings one per head
-        heads = [None] if cfg.eval_head >= 0 or cfg.eval_ensemble == "locations" else list(range(cfg.num_heads))
+        ensemble = cfg.locator != "raster" and cfg.eval_head < 0 and cfg.eval_ensemble == "embeddings"
+        heads = list(range(cfg.num_heads)) if ensemble else [None]
         sides = [cfg.glimpse_size * cfg.scale_factor**k for k in range(cfg.num_scales)]
         paths = []
         for k in heads:
@@ -718,6 +730,17 @@ class DARP(SketchRetrievalMethod):
                     plot_glimpses(sketches[i, s : s + 1], locs, patches, sides, path, title=title)
                     paths.append(path)
         return paths
+
+
+def raster_locations(n: int) -> Tensor:
+    """``(n, 2)`` locations (x, y in [-1, 1]): the first n cell centres, row-major, of a rows x cols raster with
+    rows = floor(sqrt(n)) and cols = ceil(n / rows) (12 -> 3 x 4)."""
+    rows = max(1, int(n**0.5))
+    cols = -(-n // rows)
+    ys = (torch.arange(rows, dtype=torch.float32) + 0.5) / rows * 2.0 - 1.0
+    xs = (torch.arange(cols, dtype=torch.float32) + 0.5) / cols * 2.0 - 1.0
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((gx.flatten(), gy.flatten()), -1)[:n]
 
 
 def training_gallery(model: nn.Module) -> Tensor:

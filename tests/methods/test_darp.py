@@ -119,8 +119,9 @@ def test_phase1_artifact(phase1):
         {"locator": "dqn", "grid": 4, "target_sync": 1},
         {"reward": "inverse_rank", "bootstrap_update": "acting"},
         {"context": True},
+        {"locator": "raster", "eval_ensemble": "embeddings"},
     ],
-    ids=["darp", "darp_baseline_rnn", "bootstrapped_dqn", "inverse_rank_acting", "context"],
+    ids=["darp", "darp_baseline_rnn", "bootstrapped_dqn", "inverse_rank_acting", "context", "raster"],
 )
 def test_phase2_smoke_fit_and_eval(tmp_path, phase1, model):
     report = run(tmp_path, "darp", small_darp(phase1, **model), "p2")
@@ -335,3 +336,22 @@ def test_darp_heads_benchmark_measures_head_placement(phase1):
     together = heads.placement(model, splits.test.images[:4])
     assert together["mean_pairwise_distance"] == 0.0 and together["episode_spread"] == 0.0
     assert together["distance_from_centre"] == pytest.approx(2**0.5 * torch.tanh(torch.tensor(0.2)).item(), abs=1e-3)
+
+
+def test_raster_locator_visits_a_fixed_raster_without_a_policy(phase1):
+    from rlattention.methods.darp import raster_locations
+
+    r = raster_locations(12)  # 3 rows x 4 columns, row-major
+    assert r.shape == (12, 2)
+    assert torch.allclose(r[:4, 0], torch.tensor([-0.75, -0.25, 0.25, 0.75]))
+    assert torch.allclose(r[::4, 1], torch.tensor([-2 / 3, 0.0, 2 / 3]))
+    assert raster_locations(1).tolist() == [[0.0, 0.0]] and raster_locations(5).shape == (5, 2)
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, locator="raster", glimpses_per_step=3)), info)
+    model.on_fit_start(splits)
+    images, targets = splits.train.images[:4].float() / 255, splits.train.targets[:4]
+    ep = model.episode(images[:, :S])
+    assert torch.equal(ep["locations"], raster_locations(3).repeat(S, 1).expand(4, -1, -1))  # every partial
+    out = model(images, targets)
+    assert float(out.terms["rl"]) == 0.0 and not hasattr(model, "locator")
