@@ -297,6 +297,18 @@ def _first_occurrence(ids: Tensor) -> tuple[Tensor, Tensor]:
     return uniq, first
 
 
+def _extra_state_optional(load):
+    """A module's ``_load_from_state_dict`` that accepts a state without the module's ``_extra_state`` (written
+    before the module recorded one): a strict load then does not report it missing."""
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
+        load(self, state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        if prefix + "_extra_state" in missing_keys:
+            missing_keys.remove(prefix + "_extra_state")
+
+    return _load_from_state_dict
+
+
 class Phase1(nn.Module):
     """The frozen phase-1 networks and gallery that phase-2 methods read. Always in eval mode (BatchNorm uses
     its running statistics), no parameter is trained."""
@@ -328,11 +340,7 @@ class Phase1(nn.Module):
                 f"{json.dumps(asdict(self.net.cfg))}"
             )
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
-        key = prefix + "_extra_state"
-        if key in missing_keys:  # checkpoints written before the record existed
-            missing_keys.remove(key)
+    _load_from_state_dict = _extra_state_optional(nn.Module._load_from_state_dict)
 
 
 def phase1_from_state(state: dict[str, Any], info: DataInfo, prefix: str = "phase1.") -> Phase1 | None:
@@ -504,9 +512,7 @@ class DARP(SketchRetrievalMethod):
             self.q_target = TargetNetwork(self.q_heads)
             self.epsilon_schedule = LinearSchedule(cfg.epsilon, cfg.epsilon_final)
             self.epsilon = cfg.epsilon
-            c = (torch.arange(cfg.grid, dtype=torch.float32) + 0.5) / cfg.grid * 2.0 - 1.0
-            gy, gx = torch.meshgrid(c, c, indexing="ij")
-            self.register_buffer("cells", torch.stack((gx.flatten(), gy.flatten()), -1), persistent=False)
+            self.register_buffer("cells", cell_centres(cfg.grid, cfg.grid), persistent=False)
         self.value = LearnedBaseline(cfg.hidden_size, init_value=0.0) if cfg.baseline else None
         self.eta = SigmoidThreshold(cfg.eta_alpha, cfg.eta_beta)
         self.register_buffer("step_count", torch.zeros((), dtype=torch.long))
@@ -732,15 +738,20 @@ class DARP(SketchRetrievalMethod):
         return paths
 
 
-def raster_locations(n: int) -> Tensor:
-    """``(n, 2)`` locations (x, y in [-1, 1]): the first n cell centres, row-major, of a rows x cols raster with
-    rows = floor(sqrt(n)) and cols = ceil(n / rows) (12 -> 3 x 4)."""
-    rows = max(1, int(n**0.5))
-    cols = -(-n // rows)
+def cell_centres(rows: int, cols: int) -> Tensor:
+    """``(rows * cols, 2)`` locations (x, y in [-1, 1]): the centres of a rows x cols partition, row-major (the
+    DQN locator's actions and the raster's glimpses)."""
     ys = (torch.arange(rows, dtype=torch.float32) + 0.5) / rows * 2.0 - 1.0
     xs = (torch.arange(cols, dtype=torch.float32) + 0.5) / cols * 2.0 - 1.0
     gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    return torch.stack((gx.flatten(), gy.flatten()), -1)[:n]
+    return torch.stack((gx.flatten(), gy.flatten()), -1)
+
+
+def raster_locations(n: int) -> Tensor:
+    """``(n, 2)``: the first n :func:`cell_centres` of a rows x cols raster with rows = floor(sqrt(n)) and
+    cols = ceil(n / rows) (12 -> 3 x 4)."""
+    rows = max(1, int(n**0.5))
+    return cell_centres(rows, -(-n // rows))[:n]
 
 
 def training_gallery(model: nn.Module) -> Tensor:
@@ -860,10 +871,7 @@ class EmbeddingPolicy(SketchRetrievalMethod):
         self.memory.clear()
         self.memory.extend({k: m[k].to(device) for k in self._MEMORY_KEYS} for m in memory[-self.memory.maxlen :])
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args) -> None:
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
-        if prefix + "_extra_state" in missing_keys:  # checkpoints written before the memory was saved
-            missing_keys.remove(prefix + "_extra_state")
+    _load_from_state_dict = _extra_state_optional(nn.Module._load_from_state_dict)
 
     def _state(self, sketches: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         with torch.no_grad():
