@@ -17,6 +17,11 @@ if "MPLCONFIGDIR" not in os.environ:
     os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="rlattention-tests-mpl-")
     atexit.register(shutil.rmtree, os.environ["MPLCONFIGDIR"], ignore_errors=True)
 
+# caches (renders, frozen features) default to ~/.cache/rlattention: the suite keeps them in a temporary folder
+if "RLATTENTION_CACHE" not in os.environ:
+    os.environ["RLATTENTION_CACHE"] = tempfile.mkdtemp(prefix="rlattention-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["RLATTENTION_CACHE"], ignore_errors=True)
+
 #: ``../shared/data`` next to the repository (the repository root is ``parents[1]`` of this file).
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

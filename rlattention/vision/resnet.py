@@ -14,7 +14,7 @@ import os
 
 from torch import Tensor, nn
 
-from rlattention.vision.backbones import load_matching_weights
+from rlattention.vision.backbones import BackboneInfo, load_matching_weights, register_backbone
 
 
 class BasicBlock(nn.Module):
@@ -132,6 +132,39 @@ class ResNet(nn.Module):
             x = stage(x)
         return x
 
+    def _units(self) -> list[nn.Module]:
+        return [
+            nn.Sequential(self.conv1, self.bn1, self.relu, self.maxpool),
+            *self.layer1,
+            *self.layer2,
+            *self.layer3,
+            *self.layer4,
+        ]
+
+    @property
+    def num_units(self) -> int:
+        """The stem and every residual block (``model.freeze=N`` trains the last N)."""
+        return 1 + sum(len(getattr(self, f"layer{i}")) for i in range(1, 5))
+
+    def level_units(self, level: int) -> int:
+        return 1 + sum(len(getattr(self, f"layer{i}")) for i in range(1, min(level, 4) + 1))
+
+    def unit_modules(self, i: int) -> list[nn.Module]:
+        return [self._units()[i]]
+
+    def forward_units(self, x: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
+        for unit in self._units()[start:stop]:
+            x = unit(x)
+        return x
+
+    def forward_levels(self, x: Tensor, out_indices: tuple[int, ...]) -> list[Tensor]:
+        """Outputs of the stages ``out_indices`` (0: stem, 1..4: ``layer1`` .. ``layer4``)."""
+        outs = []
+        for stage in self.stages()[: max(out_indices) + 1]:
+            x = stage(x)
+            outs.append(x)
+        return [outs[i] for i in out_indices]
+
     def load_weights(self, path: str | os.PathLike) -> None:
         """Load ImageNet-style weights (safetensors or weights-only torch file; ``fc.*`` and other extra keys
         are ignored). A missing or mis-shaped tensor is an error naming the file and the key."""
@@ -145,3 +178,20 @@ def resnet50(in_channels: int = 3, last_stride: int = 1) -> ResNet:
 def narrow_resnet(in_channels: int = 3, width: int = 16, last_stride: int = 1, stem: str = "small") -> ResNet:
     """A ResNet-10-shaped network (one basic block per stage) for CPU runs on small images."""
     return ResNet("basic", (1, 1, 1, 1), width, in_channels, stem, last_stride)
+
+
+@register_backbone(
+    BackboneInfo(
+        "resnet50",
+        (3, 224, 224),
+        (0.485, 0.456, 0.406),
+        (0.229, 0.224, 0.225),
+        feature_channels=(64, 256, 512, 1024, 2048),
+        feature_strides=(4, 4, 8, 16, 32),
+        top1=76.1,
+        notes="v1.5; no weights packaged: pretrained=PATH (torchvision-layout keys; fc.* ignored)",
+        defaults={"last_stride": 2},
+    )
+)
+def _resnet50(in_chans: int = 3, last_stride: int = 2, num_classes: int = 0) -> ResNet:
+    return resnet50(in_chans, last_stride)

@@ -105,3 +105,45 @@ def random_rotate_flip(
     theta = torch.stack((torch.stack((cos * sx, -sin, zero), -1), torch.stack((sin * sx, cos, zero), -1)), 1)
     grid = F.affine_grid(theta.to(images.dtype), list(images.shape), align_corners=False)
     return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False), flipped
+
+
+def image_to_tensor(image, size: int, crop_fraction: float = 0.875) -> Tensor:
+    """A PIL image of any mode and size -> float ``(3, size, size)`` in [0, 1], as ImageNet classifiers are
+    evaluated: the shorter side resized (bicubic) to ``size / crop_fraction``, then the centre ``size x size``.
+
+    Modes: RGB as is; grey (``L``, ``I``, ``I;16``, ``F``, ``1``) replicated to three channels (16-bit and
+    float images scaled by their own maximum); palette (``P``) converted through its palette; images with
+    transparency (``RGBA``, ``LA``, ``PA``, ``P`` with a transparent colour) composited on white; ``CMYK`` and
+    ``YCbCr`` converted to RGB. ``crop_fraction=1`` resizes the whole image to ``size x size`` (aspect not
+    kept)."""
+    import numpy as np
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"expected a PIL image, got {type(image).__name__}")
+    if not 0.0 < crop_fraction <= 1.0:
+        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    img = image
+    if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+        a = np.asarray(img, dtype=np.float64)
+        top = a.max() if a.size and a.max() > 0 else 1.0
+        img = Image.fromarray((np.clip(a / top, 0, 1) * 255).round().astype(np.uint8), "L")
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba)
+    img = img.convert("RGB")
+    w, h = img.size
+    if crop_fraction == 1.0:
+        img = img.resize((size, size), Image.BICUBIC)
+    else:
+        scale = size / crop_fraction / min(w, h)
+        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
+        w, h = img.size
+        left, top_ = (w - size) // 2, (h - size) // 2
+        img = img.crop((left, top_, left + size, top_ + size))
+    return torch.from_numpy(np.array(img, dtype=np.uint8)).permute(2, 0, 1).float().div_(255.0)
