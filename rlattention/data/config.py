@@ -23,14 +23,15 @@ class DataConfig:
     svhn_extra: also train on the SVHN ``extra`` split (``svhn_cropped``: ``extra_32x32.mat``;
         ``svhn_sequences``: ``extra/digitStruct.mat``); validation stays drawn from ``train`` only.
     image_size: side of the square that photos are resized to (``voc2007``, ``coco``), and of the sketch renders
-        and photos of ``qmul_chairv2`` / ``omniglot_sketch``.
+        and photos of ``qmul_chairv2`` / ``omniglot_sketch`` / ``sketchy``.
     test_fraction: share of the images held out as test when a dataset has no test split (``coco`` subset); of
-        the characters for ``omniglot_sketch``.
+        the characters for ``omniglot_sketch``; of the photos for ``sketchy``.
     digits_per_canvas / scale_range: how many distinct digits per canvas and their scale (``multilabel_digits``).
     completion_steps: partial renders per sketch, S (``qmul_chairv2``, ``omniglot_sketch``; the DARP paper uses 17);
-        step s shows the first ceil(s * points / S) points of the sketch.
+        step s shows the first ceil(s * points / S) points of the sketch. ``null`` (default): the dataset's own
+        default, 17 for those two and 1 for ``sketchy``, which accepts only 1 (raster sketches have no stroke order).
     line_width: stroke thickness of the sketch renders, in output pixels (>= 1; 2 suits ``image_size: 64``).
-    render_cache: folder of the on-disk cache of sketch renders (and resized ChairV2 photos); ``null`` means
+    render_cache: folder of the on-disk cache of sketch renders (and resized ChairV2 / Sketchy images); ``null`` means
         ``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``; ``""`` or ``"none"`` disables the cache.
     omniglot_subsets: which Omniglot small background sets ``omniglot_sketch`` uses: ``[1]``, ``[2]`` or ``[1, 2]``.
     test_split: the precomp split evaluated as test (``precomp``): ``test``, or ``testall`` for COCO 5K.
@@ -41,6 +42,15 @@ class DataConfig:
         0 trains on all identities with an overlapping 10% monitoring split, not for model selection.
     reid_cameras: groups of drawers used as cameras by ``omniglot_reid`` (default 4; must divide 20 and be >= 2).
     (re-id datasets: ``num_train`` / ``num_test`` > 0 keep the first identities, they do not count images.)
+    sketchy_split: how ``sketchy`` splits a folder: ``by_photo`` (default: a seeded ``test_fraction`` of the photos
+        with all their sketches is test, ``val_size`` photos of the rest validation) or ``all_test`` (every sketch
+        is test, train and validation are empty: evaluation only, e.g. of a model trained on ``qmul_chairv2``).
+    sketchy_variant: the ``sketch/<variant>/`` folder ``sketchy`` reads when the tree has that level (e.g.
+        ``tx_000000000000``); ``null``: the first in sorted order. An error if the tree has no variant level.
+    sketchy_photo_variant: the same for ``photo/<variant>/`` (or ``image/<variant>/``); ``null``: the sketch
+        variant's name if the photo folder has it, else its first variant in sorted order.
+    skip_bad: ``sketchy``: skip bad input (sketches without a photo, photos without a sketch, non-image files,
+        unreadable images) with a warning counting each kind, instead of stopping with an error that lists them.
     """
 
     name: str = "digits"
@@ -58,7 +68,7 @@ class DataConfig:
     digits_per_canvas: list[int] = field(default_factory=lambda: [2, 4])
     scale_range: list[float] = field(default_factory=lambda: [1.0, 2.0])
     svhn_extra: bool = False
-    completion_steps: int = 17
+    completion_steps: int | None = None  # null: the dataset's default (17; sketchy: 1)
     line_width: float = 2.0
     render_cache: str | None = None
     omniglot_subsets: list[int] = field(default_factory=lambda: [1])
@@ -67,3 +77,7 @@ class DataConfig:
     reid_size: list[int] = field(default_factory=lambda: [256, 128])
     reid_val_ids: int = 100
     reid_cameras: int = 4
+    sketchy_split: str = "by_photo"  # by_photo | all_test
+    sketchy_variant: str | None = None  # sketch/<variant>/; null: the first in sorted order
+    sketchy_photo_variant: str | None = None  # photo/<variant>/; null: the sketch variant's name, else the first
+    skip_bad: bool = False  # sketchy: skip bad files with a warning instead of an error

@@ -61,6 +61,7 @@ def _import_all() -> None:
         reid,
         sequences,
         sketch_retrieval,
+        sketchy,
         svhn,
         voc,
     )
