@@ -105,6 +105,8 @@ class EmbeddingNet(nn.Module):
     pooling). ``backbone="small"`` is the from-scratch CNN of ``channels``; any registered backbone name
     (``rlattention backbones``) is built by :class:`rlattention.vision.trunk.Trunk` with ``pretrained`` and
     ``freeze``. ``head``: ``linear`` (one FC, the paper) or ``mlp`` (FC - ReLU - FC with ``head_hidden`` units).
+    ``grid`` (registered backbones): ``{level: g}``, the maps of those levels pooled to ``g x g`` grids and
+    concatenated in place of the attention pooling (:class:`rlattention.vision.trunk.Trunk`).
     """
 
     def __init__(
@@ -118,13 +120,16 @@ class EmbeddingNet(nn.Module):
         freeze: str | int = "none",
         head: str = "linear",
         head_hidden: int = 512,
+        grid: dict[int, int] | None = None,
     ) -> None:
         super().__init__()
         if backbone == "small":
             self.backbone: nn.Module = SmallCNN(in_channels, channels)
         else:
             pooled = not soft_attention
-            self.backbone = Trunk(backbone, pretrained=pretrained, freeze=freeze, in_chans=in_channels, pooled=pooled)
+            self.backbone = Trunk(
+                backbone, pretrained=pretrained, freeze=freeze, in_chans=in_channels, pooled=pooled, grid=grid
+            )
         c = self.backbone.out_features
         self.attention = nn.Conv2d(c, 1, 1) if soft_attention else None
         if head == "linear":
@@ -163,11 +168,18 @@ class TripletConfig:
     # ~/.cache/rlattention) | a folder | memory (this run only) | none (recomputed every step)
     head: str = "linear"  # linear | mlp: the layer(s) from pooled features to the embedding
     head_hidden: int = 512  # mlp head width
+    # registered backbones: the maps of feature_levels (e.g. [3, 4]) average-pooled to feature_grid x feature_grid
+    # (e.g. [3, 2]) and concatenated, in place of pooling the last map (empty: the last map, pooled)
+    feature_levels: list[int] = field(default_factory=list)
+    feature_grid: list[int] = field(default_factory=list)
     embed_dim: int = 64  # D
     shared_backbone: bool = False  # one CNN for sketches and photos (sketches repeated to 3 channels)
     soft_attention: bool = True
+    loss: str = "triplet"  # triplet (eq. 1, the paper) | infonce: softmax over the batch's photos (both directions)
     margin: float = 0.2  # mu of eq. 1, on Euclidean distances of unit vectors
-    negatives: str = "random"  # random: another photo of the batch (the paper) | hardest: the closest one
+    negatives: str = "random"  # triplet: random: another photo of the batch (the paper) | hardest: the closest one
+    # | all: the mean hinge over every photo of another identity in the batch
+    temperature: float = 0.1  # infonce: similarities (cosines) are divided by it
     anchor: str = "complete"  # complete: the full sketch (the paper) | partial: a random completion step
     augment_degrees: float = 10.0  # random rotation of the sketch
     augment_flip: float = 0.5  # probability of mirroring sketch and photo together
@@ -215,8 +227,12 @@ class TripletNetwork(SketchRetrievalMethod):
     def __init__(self, cfg: TripletConfig, info: DataInfo, load_weights: bool = True) -> None:
         """``load_weights=False``: do not read ``cfg.pretrained`` (the weights come from a checkpoint)."""
         super().__init__()
-        if cfg.negatives not in ("random", "hardest"):
-            raise ValueError(f"model.negatives must be 'random' or 'hardest', got {cfg.negatives!r}")
+        if cfg.negatives not in ("random", "hardest", "all"):
+            raise ValueError(f"model.negatives must be 'random', 'hardest' or 'all', got {cfg.negatives!r}")
+        if cfg.loss not in ("triplet", "infonce"):
+            raise ValueError(f"model.loss must be 'triplet' or 'infonce', got {cfg.loss!r}")
+        if cfg.loss == "infonce" and not cfg.temperature > 0:
+            raise ValueError(f"model.temperature must be > 0, got {cfg.temperature}")
         if cfg.anchor not in ("complete", "partial"):
             raise ValueError(f"model.anchor must be 'complete' or 'partial', got {cfg.anchor!r}")
         self.cfg = cfg
@@ -239,6 +255,7 @@ class TripletNetwork(SketchRetrievalMethod):
             cfg.freeze,
             cfg.head,
             cfg.head_hidden,
+            _level_grid(cfg.feature_levels, cfg.feature_grid),
         )
 
     @classmethod
@@ -294,6 +311,18 @@ class TripletNetwork(SketchRetrievalMethod):
         dist = torch.cdist(a, p)  # (B, B) Euclidean distances
         d_pos = dist.diagonal()
         other = targets[None, :] != targets[:, None]  # a photo of another identity
+        if cfg.loss == "infonce":  # -log softmax of the true photo among the batch's photos, and of the sketch
+            same = ~other & ~torch.eye(B, dtype=torch.bool, device=images.device)  # duplicates of the true photo
+            logits = (a @ p.T / cfg.temperature).masked_fill(same, float("-inf"))
+            idx = torch.arange(B, device=images.device)
+            loss = 0.5 * (F.cross_entropy(logits, idx) + F.cross_entropy(logits.T, idx))
+            stats = {"d_pos": d_pos.mean(), "d_neg": (dist * other).sum() / other.sum().clamp(min=1)}
+            return StepOutput(loss, terms={"infonce": loss}, stats=stats)
+        if cfg.negatives == "all":  # every other identity of the batch, hinge averaged
+            hinge_all = F.relu(cfg.margin + d_pos[:, None] - dist) * other
+            loss = hinge_all.sum() / other.sum().clamp(min=1)
+            stats = {"active": (hinge_all > 0).sum() / other.sum().clamp(min=1), "d_pos": d_pos.mean()}
+            return StepOutput(loss, terms={"triplet": loss}, stats=stats)
         if cfg.negatives == "hardest":
             d_neg = dist.masked_fill(~other, float("inf")).min(dim=1).values
             valid = other.any(1)
@@ -348,6 +377,15 @@ class TripletNetwork(SketchRetrievalMethod):
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
         return [path]
+
+
+def _level_grid(levels: list[int], grid: list[int]) -> dict[int, int] | None:
+    """``model.feature_levels`` / ``model.feature_grid`` -> ``{level: g}`` (None when no levels are given)."""
+    if len(levels) != len(grid):
+        raise ValueError(
+            f"model.feature_levels {list(levels)} and model.feature_grid {list(grid)} must have one grid per level"
+        )
+    return dict(zip(map(int, levels), map(int, grid), strict=True)) or None
 
 
 def _first_occurrence(ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,6 +14,8 @@ What the methods' ``model.backbone`` / ``model.pretrained`` / ``model.freeze`` k
   (BatchNorm uses its running statistics) and get no gradient.
 * ``pooled``: return the global average of the map ``(B, C)`` instead of the map; with ``freeze="all"`` the
   pooled vector is what the feature cache stores (small enough for every partial sketch of a dataset).
+* ``grid``: ``{level: g}``: the maps of several levels, each average-pooled to a ``g x g`` grid, flattened and
+  concatenated (a vector that keeps coarse layout; several levels need ``freeze="all"``).
 * The frozen part's outputs can be cached (:meth:`Trunk.build_cache`, :mod:`rlattention.vision.feature_cache`):
   every later call reads them, by content, instead of running the frozen units.
 """
@@ -25,6 +27,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlattention.vision.backbones import backbone_info, create_backbone
@@ -95,6 +98,7 @@ class Trunk(nn.Module):
         level: int = -1,
         pooled: bool = False,
         cache_dtype: torch.dtype = torch.float16,
+        grid: dict[int, int] | None = None,
         **kwargs,
     ) -> None:
         super().__init__()
@@ -102,9 +106,18 @@ class Trunk(nn.Module):
         if in_chans not in (1, 3):
             raise ValueError(f"{name} takes 1-channel (replicated) or 3-channel images, got {in_chans} channels")
         n_levels = len(info.feature_channels)
-        level = level % n_levels if -n_levels <= level < n_levels else None
-        if level is None:
-            raise ValueError(f"model.level of {name} must be in 0..{n_levels - 1} (or -1: the last)")
+
+        def check(lv: int) -> int:
+            if not -n_levels <= lv < n_levels:
+                raise ValueError(f"feature levels of {name} must be in 0..{n_levels - 1} (or -1: the last), got {lv}")
+            return lv % n_levels
+
+        level = check(level)
+        self.grid = {check(int(k)): int(v) for k, v in (grid or {}).items()}
+        if any(g < 1 for g in self.grid.values()):
+            raise ValueError(f"grid sizes must be >= 1, got {grid}")
+        if self.grid:
+            level, pooled = max(self.grid), True
         self.name, self.info, self.in_chans, self.level, self.pooled = name, info, in_chans, level, pooled
         self.net = create_backbone(name, pretrained=pretrained, **{"num_classes": 0, **kwargs})
         if not hasattr(self.net, "forward_units"):
@@ -118,7 +131,13 @@ class Trunk(nn.Module):
                     p.requires_grad_(False)
         self.register_buffer("mean", torch.tensor(info.mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(info.std).view(1, 3, 1, 1), persistent=False)
-        self.out_features = info.feature_channels[level]
+        if self.grid and self.trainable_units and len(self.grid) > 1:
+            raise ValueError("pooling several feature levels needs model.freeze=all (their features are cached)")
+        self.out_features = (
+            sum(info.feature_channels[lv] * g * g for lv, g in sorted(self.grid.items()))
+            if self.grid
+            else info.feature_channels[level]
+        )
         self.cache: FeatureCache | None = None
         self.cache_dtype = cache_dtype
         self._fused: tuple | None = None  # (weights version, BatchNorm-folded copy) for the frozen units
@@ -155,22 +174,37 @@ class Trunk(nn.Module):
         if next(net.parameters()).device != x.device:
             net.to(x.device)
         with torch.no_grad():
-            h = net.forward_units(
-                self.preprocess(x).contiguous(memory_format=torch.channels_last), 0, self.frozen_units
-            )
-            h = h.contiguous()
+            x = self.preprocess(x).contiguous(memory_format=torch.channels_last)
+            if self.grid and self.trainable_units == 0:
+                return self._grid_pool(net, x)
+            h = net.forward_units(x, 0, self.frozen_units).contiguous()
             if self.pooled and self.trainable_units == 0:
                 h = h.mean(dim=(-2, -1))
         return h
 
+    def _grid_pool(self, net: nn.Module, x: Tensor) -> Tensor:
+        """Every level of ``grid`` average-pooled to its ``g x g`` grid, flattened and concatenated (levels in
+        order): ``(B, sum_l C_l g_l^2)``. A grid keeps where things are, which global pooling loses."""
+        outs, start = [], 0
+        for lv in sorted(self.grid):
+            stop = self.net.level_units(lv)
+            x = net.forward_units(x, start, stop)
+            outs.append(F.adaptive_avg_pool2d(x, self.grid[lv]).flatten(1))
+            start = stop
+        return torch.cat(outs, dim=1)
+
     def feature_map(self, x: Tensor) -> Tensor:
         """``(B, in_chans, H, W)`` in [0, 1] -> ``(B, out_features, h, w)``, or ``(B, out_features)`` if pooled."""
         if self.frozen_units == 0:
+            if self.grid:
+                return self._grid_pool(self.net, self.preprocess(x))
             h = self.net.forward_units(self.preprocess(x), 0, self.num_units)
         else:
             h = self.cache(x) if self.cache is not None else self._frozen(x)
             if self.trainable_units:
                 h = self.net.forward_units(h, self.frozen_units, self.num_units)
+        if self.grid and h.ndim == 4:  # one level, its last units trained
+            return F.adaptive_avg_pool2d(h, self.grid[self.level]).flatten(1)
         if self.pooled and h.ndim == 4:
             h = h.mean(dim=(-2, -1))
         return h
@@ -193,6 +227,7 @@ class Trunk(nn.Module):
             describe = (
                 f"{self.name}|in={self.in_chans}|units={self.frozen_units}|pooled="
                 f"{self.pooled and self.trainable_units == 0}|mean={self.info.mean}|std={self.info.std}"
+                f"|grid={sorted(self.grid.items())}"
             )
             frozen = nn.ModuleList(m for i in range(self.frozen_units) for m in self.net.unit_modules(i))
             self.cache = FeatureCache(self._frozen, frozen, describe, self.cache_dtype)

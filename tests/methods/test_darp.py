@@ -355,3 +355,47 @@ def test_raster_locator_visits_a_fixed_raster_without_a_policy(phase1):
     assert torch.equal(ep["locations"], raster_locations(3).repeat(S, 1).expand(4, -1, -1))  # every partial
     out = model(images, targets)
     assert float(out.terms["rl"]) == 0.0 and not hasattr(model, "locator")
+
+
+def _triplet(**model) -> torch.nn.Module:
+    cls = get_method("darp_triplet")
+    cfg = from_dict({"method": "darp_triplet", "model": {"channels": [8], "augment_degrees": 0.0,
+                                                           "augment_flip": 0.0, **model}})  # fmt: skip
+    return cls.from_config(cfg.model, DataInfo((S + 3, SIDE, SIDE), PHOTOS))
+
+
+@pytest.mark.parametrize("model", [{"loss": "infonce"}, {"negatives": "all"}, {"negatives": "random"}])
+def test_phase1_losses_prefer_the_true_photo(model):
+    """Each loss is lower when every sketch embeds next to its own photo than when the photos are permuted, and a
+    duplicate of the true photo in the batch is never a negative."""
+    torch.manual_seed(0)
+    net = _triplet(**model)
+    items = synthetic_splits().train
+    x = items.images[:8].float() / 255
+    y = torch.arange(8)
+    emb = torch.nn.functional.normalize(torch.randn(8, net.embed_dim), dim=-1)
+    net.sketch_net.forward = lambda _: emb  # the sketch and photo embeddings are set by hand
+    net.photo_net.forward = lambda _: emb
+    aligned = net(x, y).loss
+    net.photo_net.forward = lambda _: emb.roll(1, 0)
+    shuffled = net(x, y).loss
+    assert aligned < shuffled
+    # sketches 0 and 1 of the same photo: photo 1 is not a negative of sketch 0
+    net.photo_net.forward = lambda _: emb
+    dup = y.clone()
+    dup[1] = dup[0]
+    emb2 = emb.clone()
+    emb2[1] = emb2[0]
+    net.sketch_net.forward = lambda _: emb2
+    net.photo_net.forward = lambda _: emb2
+    if model.get("loss") == "infonce":
+        assert net(x, dup).loss < net(x, y).loss  # identical true photos are not penalised as confusions
+
+
+def test_phase1_loss_values_are_named():
+    with pytest.raises(ValueError, match="model.loss"):
+        _triplet(loss="contrastive")
+    with pytest.raises(ValueError, match="model.negatives"):
+        _triplet(negatives="semi")
+    with pytest.raises(ValueError, match="feature_levels"):
+        _triplet(backbone="efficientnet_lite0", feature_levels=[3, 4], feature_grid=[3])

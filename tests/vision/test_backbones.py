@@ -260,3 +260,18 @@ def test_trunk_replicates_grey_input_and_normalises_like_lite():
         assert torch.allclose(trunk.feature_map(x), trunk.net.forward_features((pixels - 127) / 128), atol=1e-5)
     with pytest.raises(ValueError, match="1-channel"):
         trunk.feature_map(torch.rand(2, 3, 32, 32))
+
+
+def test_grid_pooling_concatenates_the_levels_pooled_maps():
+    trunk = Trunk("efficientnet_lite0", freeze="all", in_chans=3, grid={3: 3, 4: 2}).eval()
+    x = torch.rand(2, 3, 96, 96)
+    with torch.no_grad():
+        l3, l4 = trunk.net.forward_levels(trunk.preprocess(x), (3, 4))
+        want = torch.cat((F.adaptive_avg_pool2d(l3, 3).flatten(1), F.adaptive_avg_pool2d(l4, 2).flatten(1)), 1)
+        got = trunk.feature_map(x)
+    assert trunk.out_features == 112 * 9 + 1280 * 4 == got.shape[1]
+    assert torch.allclose(got, want, atol=1e-4)
+    with pytest.raises(ValueError, match="freeze=all"):
+        Trunk("efficientnet_lite0", freeze=2, grid={3: 3, 4: 2})
+    with pytest.raises(ValueError, match="levels"):
+        Trunk("efficientnet_lite0", grid={7: 2})
