@@ -1,0 +1,210 @@
+"""Run a study: rows (a config plus overrides) x seeds, each a separate ``rlattention fit`` process, recorded as it
+finishes, then ``summary.json`` (schema: ../shared/RESULTS.md) and ``summary.md`` from every recorded run.
+
+A study spans sessions: each finished run appends one line to ``<out>/runs.jsonl`` (row, seed, command, test
+metrics, times) and a run already recorded there is not run again, so the same command continues where a killed
+or interrupted study stopped, and rows run in separate sessions merge into one summary. Model selection is the
+engine's: the best validation checkpoint; the test split is evaluated once, by ``fit``, on that checkpoint.
+
+A study module defines its rows and calls :func:`main`::
+
+    ROWS = [Row("scratch", "configs/darp_triplet_chairv2.yaml", ["data.completion_steps=1"]), ...]
+    if __name__ == "__main__":
+        raise SystemExit(main(STUDY, ROWS, METRICS, description="...", argv=None))
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Row:
+    name: str  # the row name of the issue, exactly (variants: any other name)
+    config: str  # configs/<...>.yaml
+    overrides: list[str] = field(default_factory=list)
+    note: str = ""  # what the variant is, one line for the markdown table
+    issue_row: bool = True  # a row the issue names (False: a variant we tried)
+
+
+def machine() -> str:
+    import torch
+
+    threads = os.environ.get("STUDY_THREADS", "2")
+    cpu = platform.processor() or platform.machine()
+    return f"{threads} CPU threads ({os.cpu_count()} cores, {cpu}), torch {torch.__version__}"
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
+    """``rlattention fit`` of one row and seed in ``work/<row>_s<seed>``; returns its record."""
+    run_name = f"{row.name}_s{seed}"
+    run_dir = work / run_name
+    if run_dir.exists():  # a run killed half-way: keep it aside, never overwrite it
+        run_dir.rename(work / f"{run_name}.incomplete-{int(time.time())}")
+    argv = [
+        "rlattention", "fit", "--config", row.config,
+        *(["--data-dir", data_dir] if data_dir else []),
+        *row.overrides, *extra,
+        f"trainer.seed={seed}", f"trainer.out_dir={work}", f"trainer.run_name={run_name}",
+        "trainer.progress=false", f"trainer.num_threads={threads}",
+    ]  # fmt: skip
+    t0 = time.time()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    (work / f"{run_name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}); see {work / (run_name + '.log')}")
+    report = json.loads((run_dir / "report.json").read_text())
+    return {
+        "row": row.name,
+        "seed": seed,
+        "config": row.config,
+        "overrides": list(row.overrides) + list(extra),
+        "command": shlex.join(argv),
+        "report": report,
+        "wall_seconds": round(time.time() - t0, 1),
+    }
+
+
+def summarise(
+    study: str,
+    rows: Sequence[Row],
+    records: list[dict],
+    metrics: Callable[[dict], dict[str, float]],
+    description: str,
+    command: str,
+    out: Path,
+    extra_md: str = "",
+) -> dict:
+    """``summary.json`` and ``summary.md`` from the records (rows in the order of ``rows``; seeds sorted)."""
+    doc_rows, lines = [], []
+    keys: list[str] = []
+    for row in rows:
+        mine = sorted((r for r in records if r["row"] == row.name), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        per = [metrics(r["report"]) for r in mine]
+        keys = keys or list(per[0])
+        doc_rows.append(
+            {
+                "name": row.name,
+                "config": row.config,
+                "overrides": mine[0]["overrides"],
+                "seeds": [r["seed"] for r in mine],
+                "metrics": {k: [round(p[k], 2) for p in per] for k in per[0]},
+                "train_seconds": [r["report"].get("train_seconds") for r in mine],
+                "prepare_seconds": [r["report"].get("prepare_seconds") for r in mine],
+                "epoch_seconds": [r["report"].get("epoch_seconds") for r in mine],
+                "best_epoch": [r["report"].get("best_epoch") for r in mine],
+                "commands": [r["command"] for r in mine],
+                "issue_row": row.issue_row,
+                "note": row.note,
+            }
+        )
+    doc = {
+        "study": study,
+        "description": description,
+        "command": command,
+        "selection": "validation (the checkpoint with the best validation metric; the test split evaluated once)",
+        "machine": machine(),
+        "rows": doc_rows,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out / "summary.json")
+    head = "| row | " + " | ".join(f"{k} (mean ± sd)" for k in keys) + " | per seed | train s | what |"
+    lines = [f"# {study}", "", description, "", f"Command: `{command}`", "", head, "|" + "---|" * (len(keys) + 4)]
+    for r in doc_rows:
+        cells = []
+        for k in keys:
+            v = r["metrics"][k]
+            sd = statistics.stdev(v) if len(v) > 1 else 0.0
+            cells.append(f"{statistics.mean(v):.2f} ± {sd:.2f}")
+        first = keys[0] if keys else ""
+        per_seed = ", ".join(f"{x:.1f}" for x in r["metrics"].get(first, []))
+        secs = statistics.mean(t for t in r["train_seconds"] if t is not None)
+        name = r["name"] if r["issue_row"] else f"_{r['name']}_"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {first}: {per_seed} | {secs:.0f} | {r['note']} |")
+    lines += ["", "Rows in italics are variants we tried besides the issue's rows.", "", f"Machine: {doc['machine']}."]
+    if extra_md:
+        lines += ["", extra_md]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return doc
+
+
+def main(
+    study: str,
+    rows: Sequence[Row],
+    metrics: Callable[[dict], dict[str, float]],
+    description: str,
+    argv: Sequence[str] | None = None,
+    default_seeds: Sequence[int] = (0, 1, 2),
+    extra_md: Callable[[dict], str] | None = None,
+) -> int:
+    ap = argparse.ArgumentParser(description=f"study {study}: {description}")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(default_seeds))
+    ap.add_argument("--rows", nargs="+", help="run only these rows (default: all)")
+    ap.add_argument("--work", default=f"runs/studies/{study}", help="folder of the study's run folders")
+    ap.add_argument("--out", default=f"benchmarks/results/{study}")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--summary-only", action="store_true", help="only rewrite the summary from the records")
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run (recorded)")
+    args = ap.parse_args(argv)
+    names = {r.name for r in rows}
+    bad = [r for r in args.rows or [] if r not in names]
+    if bad:
+        ap.error(f"unknown rows {bad}; rows: {', '.join(r.name for r in rows)}")
+    out, work = ROOT / args.out, ROOT / args.work
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.jsonl"
+    os.environ["STUDY_THREADS"] = str(args.threads)
+    command = f"python benchmarks/{study}.py" + (f" --data-dir {args.data_dir}" if args.data_dir else "")
+    command += " --seeds " + " ".join(map(str, default_seeds))
+    if not args.summary_only:
+        done = {(r["row"], r["seed"]) for r in _records(log)}
+        for row in rows:
+            if args.rows and row.name not in args.rows:
+                continue
+            for seed in args.seeds:
+                if (row.name, seed) in done:
+                    continue
+                print(f"[{study}] {row.name} seed {seed} ...", flush=True)
+                rec = run_one(row, seed, args.data_dir, work, args.threads, args.overrides)
+                with log.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                print(f"[{study}] {row.name} seed {seed}: {metrics(rec['report'])}", flush=True)
+    records = _records(log)
+    doc = summarise(study, rows, records, metrics, description, command, out)
+    if extra_md is not None:
+        summarise(study, rows, records, metrics, description, command, out, extra_md(doc))
+    print((out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run a study module, e.g. python benchmarks/sbir_backbones.py")
