@@ -49,18 +49,22 @@ from rlattention.engine.registry import register_method
 from rlattention.methods.ram import CoreNetwork, GlimpseNetwork
 from rlattention.metrics.sketch import gallery_from_pairs, sketch_retrieval_curves, sketch_retrieval_metrics, true_ranks
 from rlattention.rl import (
+    BOOTSTRAP_UPDATES,
     LearnedBaseline,
     LinearSchedule,
     MultiHeadGaussianPolicy,
+    RankThresholdSchedule,
     SigmoidThreshold,
     baseline_loss,
     bootstrap_masks,
     bootstrapped_q_loss,
     bootstrapped_reinforce_loss,
+    delta_inverse_rank,
     discounted_returns,
     gaussian_log_prob,
     leave_one_out_baseline,
     ppo_clip_loss,
+    rank_percentile,
     sample_heads,
 )
 from rlattention.rl.qlearning import TargetNetwork
@@ -70,6 +74,7 @@ from rlattention.vision.transforms import random_rotate_flip
 from rlattention.vision.trunk import Trunk, cache_trunk_inputs
 
 PHASE1_FORMAT = "rlattention.darp.phase1/1"
+DARP_REWARDS = ("threshold", "inverse_rank", "delta_inverse_rank", "percentile")
 PHASE1_FILE = "phase1.safetensors"
 _SELECTABLE = ("auir", "acc@1", "acc@5", "acc@10", "percentile")
 
@@ -521,19 +526,39 @@ class DARPConfig:
     glimpse_dim: int = 128  # g_t
     core: str = "lstm"  # rnn | lstm
     hidden_size: int = 256  # h_t
-    h0: str = "sketch_embedding"  # zeros | sketch_embedding: a linear map of the phase-1 embedding of partial 1
+    h0: str = "sketch_embedding"  # zeros | sketch_embedding: a linear map of the phase-1 embedding of the (first)
+    # partial of the episode
+    # per_partial: one episode of glimpses_per_step glimpses per partial sketch, started afresh (h0 from that
+    # partial's phase-1 embedding, first glimpse at the centre), as the authors' released code | continuous: one
+    # episode per sketch, the state running across all S partials (h0 from partial 1)
+    episode: str = "per_partial"
     context: bool = False  # (not in the paper) also feed the phase-1 embedding of the current partial into g_t
     # bootstrap: K Gaussian heads (DARP) | dqn: bootstrapped DQN over a grid | raster: no policy, the glimpses of
     # each partial visit a fixed rows x cols raster (rows = floor(sqrt(glimpses_per_step))) in order (an ablation)
+    # | random: no policy, every glimpse at a uniform random location (evaluation: seeded)
     locator: str = "bootstrap"
     num_heads: int = 6  # K
     mask_prob: float = 0.5  # p of the bootstrap masks omega ~ Bernoulli(p)^K
-    bootstrap_update: str = "all"  # all: every head learns from its masked share | acting: only the acting head
+    # acting: head k learns from its own episodes only (unbiased) | importance: also from the other heads' episodes,
+    # weighted by clipped per-episode importance ratios (importance_clip) | all: every head from every episode
+    # with no correction (biased; the heads collapse: kept for comparison)
+    bootstrap_update: str = "acting"
+    importance_clip: float = 1.0
     std: list[float] = field(default_factory=lambda: [0.3, 0.3])  # (sigma_x, sigma_y) at the start
     std_final: list[float] | None = field(default_factory=lambda: [0.05, 0.05])  # linearly shrunk to this
+    # the threshold of the rank reward: completion: rises over the completion steps s = 1..S of each sketch, from
+    # eta_start at s = 1 to eta_end at s = S (eta_shape: geometric | linear | sigmoid), a coarse retrieval is
+    # rewarded early, only the best late | paper: eq. 5 over training steps with eta_alpha, eta_beta (the paper's
+    # 0.02, -2 start at 0.88: only rank 1 is ever rewarded)
+    eta_schedule: str = "completion"
+    eta_shape: str = "geometric"
+    eta_start: float = 0.02  # rank <= 50
+    eta_end: float = 1.0  # rank 1
     eta_alpha: float = 0.02  # eta_t = 1 / (1 + exp(-alpha t + beta)), t = training step (eq. 5)
     eta_beta: float = -2.0
-    reward: str = "threshold"  # threshold: 1[1/rank >= eta_t] (eq. 3) | inverse_rank: 1/rank
+    # threshold: 1[1/rank >= eta] (eq. 3) | inverse_rank: 1/rank | delta_inverse_rank: 1/rank_t - 1/rank_{t-1}
+    # (dense; sums to the final 1/rank of the episode) | percentile: 1 - (rank - 1) / (G - 1) (dense, linear)
+    reward: str = "threshold"
     gamma: float = 0.9  # discount of eq. 6
     baseline: bool = False  # learned baseline b(h_t) (off in the paper)
     supervised_weight: float = 1.0
@@ -562,10 +587,12 @@ class DARP(SketchRetrievalMethod):
     def __init__(self, cfg: DARPConfig, info: DataInfo, phase1: Phase1) -> None:
         super().__init__()
         for name, value, allowed in (
-            ("locator", cfg.locator, ("bootstrap", "dqn", "raster")),
+            ("locator", cfg.locator, ("bootstrap", "dqn", "raster", "random")),
             ("h0", cfg.h0, ("zeros", "sketch_embedding")),
-            ("reward", cfg.reward, ("threshold", "inverse_rank")),
-            ("bootstrap_update", cfg.bootstrap_update, ("all", "acting")),
+            ("episode", cfg.episode, ("per_partial", "continuous")),
+            ("reward", cfg.reward, DARP_REWARDS),
+            ("eta_schedule", cfg.eta_schedule, ("completion", "paper")),
+            ("bootstrap_update", cfg.bootstrap_update, BOOTSTRAP_UPDATES),
             ("eval_ensemble", cfg.eval_ensemble, ("locations", "embeddings")),
             ("locator_init", cfg.locator_init, ("centre", "spread")),
         ):
@@ -582,9 +609,12 @@ class DARP(SketchRetrievalMethod):
             ("target_sync", cfg.target_sync, cfg.target_sync >= 1, ">= 1"),
             ("eval_head", cfg.eval_head, -1 <= cfg.eval_head < cfg.num_heads, f"in -1..{cfg.num_heads - 1}"),
             ("locator_radius", cfg.locator_radius, 0.0 <= cfg.locator_radius < 1.0, "in [0, 1)"),
+            ("importance_clip", cfg.importance_clip, cfg.importance_clip >= 1.0, ">= 1"),
         ):
             if not ok:
                 raise ValueError(f"model.{name} must be {what}, got {value}")
+        if cfg.bootstrap_update == "importance" and cfg.locator != "bootstrap":
+            raise ValueError("model.bootstrap_update=importance applies to the bootstrap (Gaussian heads) locator only")
         self.cfg = cfg
         self.steps = completion_steps(info)
         self.phase1 = phase1
@@ -606,6 +636,8 @@ class DARP(SketchRetrievalMethod):
             raise ValueError(f"model.locator_init={cfg.locator_init!r} applies to the bootstrap locator only")
         elif cfg.locator == "raster":
             self.register_buffer("raster", raster_locations(cfg.glimpses_per_step), persistent=False)
+        elif cfg.locator == "random":
+            pass  # uniform random locations, no parameters
         else:
             self.q_heads = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.grid**2)
             self.q_target = TargetNetwork(self.q_heads)
@@ -614,6 +646,9 @@ class DARP(SketchRetrievalMethod):
             self.register_buffer("cells", cell_centres(cfg.grid, cfg.grid), persistent=False)
         self.value = LearnedBaseline(cfg.hidden_size, init_value=0.0) if cfg.baseline else None
         self.eta = SigmoidThreshold(cfg.eta_alpha, cfg.eta_beta)
+        self.eta_completion = RankThresholdSchedule(
+            cfg.eta_start, cfg.eta_end, max(1, self.steps - 1), cfg.eta_shape
+        )  # of the completion step s - 1 = 0 .. S - 1
         self.register_buffer("step_count", torch.zeros((), dtype=torch.long))
         # gallery row of each photo among the training photos (-1: not a training photo); set by on_fit_start
         self.register_buffer("train_row", torch.full((info.num_classes,), -1, dtype=torch.long))
@@ -637,6 +672,23 @@ class DARP(SketchRetrievalMethod):
         row = torch.full_like(self.train_row, -1)
         row[ids] = torch.arange(len(ids))
         self.train_row.copy_(row)
+        self.phase1.net.on_fit_start(splits)  # a frozen pretrained phase 1: its features of every partial, cached
+
+    def episodes(self, sketches: Tensor, deterministic: bool = False, generator=None, head: int | None = None):
+        """The episodes of ``model.episode`` on sketches ``(B, S, H, W)``: ``continuous``, :meth:`episode` on the
+        whole sketch; ``per_partial``, one :meth:`episode` per partial (rows ``b * S + s``, each of
+        ``glimpses_per_step`` glimpses). ``per_item(x)`` reshapes a per-episode ``(N, g, ...)`` tensor to the
+        per-sketch ``(B, S * g, ...)`` layout."""
+        B, S = sketches.shape[:2]
+        if self.cfg.episode == "continuous":
+            ep = self.episode(sketches, deterministic, generator, head)
+            ep["per_item"] = lambda x: x
+            ep["partial"] = torch.arange(ep["embedding"].shape[1], device=sketches.device) // self.cfg.glimpses_per_step
+            return ep
+        ep = self.episode(sketches.flatten(0, 1).unsqueeze(1), deterministic, generator, head)
+        ep["per_item"] = lambda x: x.reshape(B, -1, *x.shape[2:])
+        ep["partial"] = torch.arange(S, device=sketches.device).repeat(B)[:, None]  # (B * S, 1)
+        return ep
 
     def set_progress(self, progress: float) -> None:
         if self.cfg.locator == "bootstrap":
@@ -677,6 +729,10 @@ class DARP(SketchRetrievalMethod):
         loc = sketches.new_zeros(B, 2)  # v_0: the centre
         if cfg.locator == "raster":
             loc = self.raster[0].to(sketches.dtype).expand(B, 2)
+        if cfg.locator == "random":
+            if generator is None and deterministic:  # evaluation: the same random locations every time
+                generator = torch.Generator(device=sketches.device).manual_seed(0)
+            loc = torch.rand(B, 2, generator=generator, device=sketches.device, dtype=sketches.dtype) * 2 - 1
         if head is not None:
             if not 0 <= head < cfg.num_heads:
                 raise ValueError(f"head must be in 0..{cfg.num_heads - 1}, got {head}")
@@ -705,6 +761,8 @@ class DARP(SketchRetrievalMethod):
                 t += 1
                 if t < T and cfg.locator == "raster":
                     loc = self.raster[t % cfg.glimpses_per_step].to(sketches.dtype).expand(B, 2)
+                elif t < T and cfg.locator == "random":
+                    loc = torch.rand(B, 2, generator=generator, device=h.device, dtype=sketches.dtype) * 2 - 1
                 elif t < T:
                     loc, cell = self._act(h.detach(), head, deterministic, generator)
                     if cell is not None:
@@ -737,34 +795,41 @@ class DARP(SketchRetrievalMethod):
         sketches, _ = split_layout(images)
         if cfg.augment_degrees > 0:
             sketches, _ = random_rotate_flip(sketches, cfg.augment_degrees, 0.0)
-        ep = self.episode(sketches)
-        a, H = ep["embedding"], ep["hidden"]
-        e = self.phase1.gallery[targets]  # e_i, (B, D)
+        ep = self.episodes(sketches)
+        a, H = ep["embedding"], ep["hidden"]  # (N, T, D), (N, T, F): N episodes of T glimpses
+        n_per = a.shape[0] // targets.shape[0]  # episodes per sketch (S with per-partial episodes)
+        targets = targets.repeat_interleave(n_per)
+        e = self.phase1.gallery[targets]  # e_i, (N, D)
         supervised = (a - e[:, None]).pow(2).sum(-1).mean()  # ||a_t - e_i||^2
         rows = self.train_row[targets]
         if rows.device.type == "cpu" and bool((rows < 0).any()):  # (not checked on accelerators: a host sync)
             raise ValueError("a training item's photo is not in the training gallery (on_fit_start not called?)")
         gallery = training_gallery(self)
-        ranks = true_ranks(a.detach(), gallery, rows)  # (B, T), ties count against
-        eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)  # eq. 5, no host sync
-        if cfg.reward == "threshold":
-            R = (1.0 / ranks.float() >= eta).float()  # eq. 3
-        else:
-            R = 1.0 / ranks.float()
+        ranks = true_ranks(a.detach(), gallery, rows)  # (N, T), ties count against
+        if cfg.eta_schedule == "paper":
+            eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)  # eq. 5, no host sync
+        else:  # rising over the completion step of each glimpse
+            eta = self.eta_completion(ep["partial"].float()).to(a.dtype)  # (N, 1) or (T,)
+        R = self.reward(ranks, eta, len(gallery))
         G = discounted_returns(R[:, 1:], cfg.gamma)  # return of action v_t: R_{t+1} + gamma R_{t+2} + ...
         h_act = H[:, :-1].detach()
         b = self.value(h_act) if self.value is not None else None
         B, T1 = G.shape
         masks = bootstrap_masks((B, T1), cfg.num_heads, cfg.mask_prob, device=images.device)  # fresh per experience
-        if cfg.bootstrap_update == "acting":
-            masks = masks * F.one_hot(ep["head"], cfg.num_heads).to(masks.dtype)[:, None]
-        if cfg.locator == "raster":
+        if cfg.locator in ("raster", "random"):
             rl = supervised.new_zeros(())  # no policy to train
         elif cfg.locator == "bootstrap":
-            log_pi = self.locator.log_prob_all(ep["actions"], h_act)  # (B, T-1, K)
-            rl = bootstrapped_reinforce_loss(log_pi, G, masks, b) / T1  # eq. 8, per head on its masked share
+            log_pi = self.locator.log_prob_all(ep["actions"], h_act)  # (N, T-1, K)
+            rl = (
+                bootstrapped_reinforce_loss(  # eq. 8, per head on its masked share of its own (or weighted) episodes
+                    log_pi, G, masks, b, acting_head=ep["head"], update=cfg.bootstrap_update, clip=cfg.importance_clip
+                )
+                / T1
+            )
         else:
-            q = self._q(h_act)  # (B, T-1, K, A)
+            if cfg.bootstrap_update == "acting":  # head k learns from its own episodes only
+                masks = masks * F.one_hot(ep["head"], cfg.num_heads).to(masks.dtype)[:, None]
+            q = self._q(h_act)  # (N, T-1, K, A)
             with torch.no_grad():
                 q_next = self._q(H[:, 1:].detach(), target=True).max(-1).values  # (B, T-1, K)
                 last = torch.zeros_like(R[:, 1:])
@@ -781,17 +846,28 @@ class DARP(SketchRetrievalMethod):
             self.step_count += 1
             if cfg.locator == "dqn" and int(self.step_count) % cfg.target_sync == 0:
                 self.q_target.sync(self.q_heads)
-        per_step = ranks[:, cfg.glimpses_per_step - 1 :: cfg.glimpses_per_step].float()  # end of each completion step
+        # the rank at the end of each completion step, per sketch
+        per_step = ep["per_item"](ranks)[:, cfg.glimpses_per_step - 1 :: cfg.glimpses_per_step].float()
         return StepOutput(
             loss,
             terms=terms,
             stats={
                 "reward": R.mean(),
-                "eta": eta,
+                "eta": eta.mean(),
                 "train_auir": (1.0 / per_step).mean(),
                 "train_acc@5": (per_step[:, -1] <= 5).float().mean(),
             },
         )
+
+    def reward(self, ranks: Tensor, eta: Tensor, gallery_size: int) -> Tensor:
+        """R_t of every glimpse from the true photo's rank ``(N, T)`` (``model.reward``)."""
+        if self.cfg.reward == "threshold":
+            return (1.0 / ranks.float() >= eta).float()  # eq. 3
+        if self.cfg.reward == "inverse_rank":
+            return 1.0 / ranks.float()
+        if self.cfg.reward == "delta_inverse_rank":
+            return delta_inverse_rank(ranks)  # the episode starts from 1/rank_0 = 0
+        return rank_percentile(ranks, gallery_size)
 
     @torch.no_grad()
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
@@ -799,15 +875,18 @@ class DARP(SketchRetrievalMethod):
         average over ``mc_samples`` sampled episodes), and the phase-1 photo embedding."""
         sketches, photos = split_layout(images)
         G = self.cfg.glimpses_per_step
-        heads_matter = self.cfg.locator != "raster"
+
+        def last(ep: dict) -> Tensor:  # the embedding at the last glimpse of each partial, (B, S, D)
+            return ep["per_item"](ep["embedding"])[:, G - 1 :: G]
+
+        heads_matter = self.cfg.locator not in ("raster", "random")
         if mc_samples <= 0 and heads_matter and self.cfg.eval_head < 0 and self.cfg.eval_ensemble == "embeddings":
             heads = range(self.cfg.num_heads)
-            a = sum(self.episode(sketches, True, head=k)["embedding"][:, G - 1 :: G] for k in heads) / len(heads)
+            a = sum(last(self.episodes(sketches, True, head=k)) for k in heads) / len(heads)
         elif mc_samples <= 0:
-            a = self.episode(sketches, deterministic=True)["embedding"][:, G - 1 :: G]
+            a = last(self.episodes(sketches, deterministic=True))
         else:
-            a = sum(self.episode(sketches, False, generator)["embedding"][:, G - 1 :: G] for _ in range(mc_samples))
-            a = a / mc_samples
+            a = sum(last(self.episodes(sketches, False, generator)) for _ in range(mc_samples)) / mc_samples
         return self.pack(a, self.phase1.net.photo_net(photos))
 
     @torch.no_grad()
@@ -818,16 +897,17 @@ class DARP(SketchRetrievalMethod):
         cfg = self.cfg
         G, S = cfg.glimpses_per_step, self.steps
         # the episodes that evaluation runs: the ensemble's, or with eval_ensemble=embeddings one per head
-        ensemble = cfg.locator != "raster" and cfg.eval_head < 0 and cfg.eval_ensemble == "embeddings"
+        ensemble = cfg.locator not in ("raster", "random") and cfg.eval_head < 0 and cfg.eval_ensemble == "embeddings"
         heads = list(range(cfg.num_heads)) if ensemble else [None]
         sides = [cfg.glimpse_size * cfg.scale_factor**k for k in range(cfg.num_scales)]
         paths = []
         for k in heads:
-            ep = self.episode(sketches, deterministic=True, head=k)
+            ep = self.episodes(sketches, deterministic=True, head=k)
+            locations = ep["per_item"](ep["locations"])
             tag = "" if k is None else f"_head{k}"
             for i in range(len(images)):
                 for s in sorted({max(0, S // 4 - 1), S // 2 - 1, S - 1}):
-                    locs = ep["locations"][i, s * G : (s + 1) * G]
+                    locs = locations[i, s * G : (s + 1) * G]
                     prepared = self.sensor.prepare(sketches[i : i + 1, s : s + 1].expand(G, -1, -1, -1))
                     patches = self.sensor.extract(prepared, locs, sketches.dtype)
                     path = Path(out_dir) / f"glimpses_{i:03d}_step{s + 1:02d}{tag}.png"

@@ -238,9 +238,10 @@ def test_gradients_follow_the_hybrid_loss(phase1):
 
 
 def test_eta_and_step_counter_and_deterministic_predict(phase1):
+    """The paper's setting: one continuous episode per sketch, eta of eq. 5 over training steps."""
     splits = synthetic_splits()
     info = DataInfo(splits.image_shape, splits.num_classes)
-    model = DARP.from_config(DARPConfig(**small_darp(phase1)), info)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, episode="continuous", eta_schedule="paper")), info)
     model.on_fit_start(splits)
     images, targets = splits.train.images[:4].float() / 255, splits.train.targets[:4]
     out = model(images, targets)
@@ -254,6 +255,60 @@ def test_eta_and_step_counter_and_deterministic_predict(phase1):
     ep = model.episode(images[:, :S], deterministic=True)
     assert torch.allclose(a[:, :64], ep["embedding"][:, 1], atol=1e-6)
     assert ep["locations"].shape == (4, S * 2, 2) and torch.equal(ep["locations"][:, 0], torch.zeros(4, 2))
+
+
+def test_per_partial_episodes_start_afresh_from_each_partial(phase1):
+    """The default: each partial is its own episode (first glimpse at the centre, h0 from that partial's phase-1
+    embedding), and the embedding of completion step s depends on partial s only."""
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1)), info)
+    assert model.cfg.episode == "per_partial"
+    model.eval()
+    images = splits.train.images[:4].float() / 255
+    a = model.predict(images)
+    for s in range(S):
+        ep = model.episode(images[:, s : s + 1], deterministic=True)
+        assert torch.allclose(a[:, s * 64 : (s + 1) * 64], ep["embedding"][:, -1], atol=1e-6)
+        assert torch.equal(ep["locations"][:, 0], torch.zeros(4, 2))
+    changed = images.clone()
+    changed[:, 0] = 1.0 - changed[:, 0]  # another first partial changes step 1 only
+    b = model.predict(changed)
+    assert not torch.allclose(a[:, :64], b[:, :64]) and torch.allclose(a[:, 64:], b[:, 64:], atol=1e-6)
+    # the threshold rises over the completion steps: partial s of every episode gets eta(s - 1)
+    model.train()
+    model.on_fit_start(splits)
+    out = model(images, splits.train.targets[:4])
+    want = torch.stack([torch.as_tensor(model.eta_completion(float(s))) for s in range(S)]).mean()
+    assert out.stats["eta"].item() == pytest.approx(float(want), rel=1e-5)
+
+
+@pytest.mark.parametrize("reward", ["threshold", "inverse_rank", "delta_inverse_rank", "percentile"])
+def test_every_reward_trains(phase1, reward):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, reward=reward)), info)
+    model.on_fit_start(splits)
+    out = model(splits.train.images[:4].float() / 255, splits.train.targets[:4])
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and model.locator.fc.weight.grad is not None
+
+
+def test_random_locator_moves_and_is_seeded_at_evaluation(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, locator="random")), info)
+    assert not hasattr(model, "locator")
+    model.eval()
+    images = splits.train.images[:4].float() / 255
+    ep = model.episode(images[:, :1], deterministic=True)
+    locs = ep["locations"]
+    assert locs.abs().max() <= 1 and locs.std() > 0.3  # spread over the sketch
+    assert torch.equal(model.predict(images), model.predict(images))  # the same locations every evaluation
+    model.train()
+    model.on_fit_start(splits)
+    out = model(images, splits.train.targets[:4])
+    assert out.terms["rl"].item() == 0.0
 
 
 def test_training_item_outside_gallery_is_an_error(phase1):
@@ -294,11 +349,11 @@ def test_embedding_ensemble_averages_each_heads_own_episode(phase1):
         DARPConfig(**small_darp(phase1, eval_ensemble="embeddings", locator_init="spread")), info
     ).eval()
     G, K = model.cfg.glimpses_per_step, model.cfg.num_heads
-    episodes = [model.episode(x, deterministic=True, head=k) for k in range(K)]
+    episodes = [model.episodes(x, deterministic=True, head=k) for k in range(K)]
     # spread heads start apart: their first actions differ
-    first = torch.stack([ep["locations"][:, 1] for ep in episodes], 1)  # (B, K, 2)
+    first = torch.stack([ep["locations"][:, 1] for ep in episodes], 1)  # (episodes, K, 2)
     assert torch.cdist(first, first).amax() > 0.3
-    expected = torch.stack([ep["embedding"][:, G - 1 :: G] for ep in episodes]).mean(0)
+    expected = torch.stack([ep["per_item"](ep["embedding"])[:, G - 1 :: G] for ep in episodes]).mean(0)
     query, _ = model.unpack(model.predict(images))
     assert torch.allclose(query, expected, atol=1e-6)
     # not the same as one episode at the mean location
