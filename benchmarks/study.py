@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Row:
     name: str  # the row name of the issue, exactly (variants: any other name)
     config: str  # configs/<...>.yaml
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)  # "{seed}" and "{work}" (the runs folder) are filled in
     note: str = ""  # what the variant is, one line for the markdown table
     issue_row: bool = True  # a row the issue names (False: a variant we tried)
 
@@ -64,10 +64,11 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
     run_dir = work / run_name
     if run_dir.exists():  # a run killed half-way: keep it aside, never overwrite it
         run_dir.rename(work / f"{run_name}.incomplete-{int(time.time())}")
+    overrides = [o.format(seed=seed, work=work) for o in row.overrides]  # e.g. {work}/triplet_s{seed}/phase1...
     argv = [
         "rlattention", "fit", "--config", row.config,
         *(["--data-dir", data_dir] if data_dir else []),
-        *row.overrides, *extra,
+        *overrides, *extra,
         f"trainer.seed={seed}", f"trainer.out_dir={work}", f"trainer.run_name={run_name}",
         "trainer.progress=false", f"trainer.num_threads={threads}",
     ]  # fmt: skip
@@ -81,7 +82,7 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
         "row": row.name,
         "seed": seed,
         "config": row.config,
-        "overrides": list(row.overrides) + list(extra),
+        "overrides": overrides + list(extra),
         "command": shlex.join(argv),
         "report": report,
         "wall_seconds": round(time.time() - t0, 1),

@@ -273,17 +273,23 @@ class TripletNetwork(SketchRetrievalMethod):
 
     def on_fit_start(self, splits: Any) -> None:
         """With a frozen registered backbone: the frozen units' outputs for every sketch render and photo of
-        every split (and their mirror images, when training flips them), computed once and cached."""
+        every split (and the mirror images of the training anchors and photos, when training flips them), computed
+        once and cached."""
         cfg = self.cfg
         parts = [s for s in (splits.train, splits.val, splits.test) if len(s)]
-        renders = [s.images[:, : self.steps].reshape(-1, 1, *s.images.shape[-2:]) for s in parts]
+        side = parts[0].images.shape[-2:] if parts else (0, 0)
+        renders = [s.images[:, : self.steps].reshape(-1, 1, *side) for s in parts]  # every partial: evaluation
         photos = [s.images[:, -3:] for s in parts]  # one per sketch: the cache keeps each distinct photo once
+        if cfg.augment_flip > 0 and len(splits.train):  # training mirrors its anchors and photos
+            train = splits.train.images
+            anchors = train[:, self.steps - 1 : self.steps] if cfg.anchor == "complete" else train[:, : self.steps]
+            renders.append(anchors.reshape(-1, 1, *side).flip(-1))
+            photos.append(train[:, -3:].flip(-1))
         if cfg.shared_backbone:
             renders = [r.expand(-1, 3, -1, -1) for r in renders]
-        flips = cfg.augment_flip > 0
-        cache_trunk_inputs(self.sketch_net.backbone, renders, cfg.feature_cache, flips, "sketch features")
+        cache_trunk_inputs(self.sketch_net.backbone, renders, cfg.feature_cache, what="sketch features")
         if not cfg.shared_backbone:
-            cache_trunk_inputs(self.photo_net.backbone, photos, cfg.feature_cache, flips, "photo features")
+            cache_trunk_inputs(self.photo_net.backbone, photos, cfg.feature_cache, what="photo features")
 
     def sketch_input(self, sketches: Tensor) -> Tensor:
         """``(N, H, W)`` or ``(N, 1, H, W)`` renders -> the sketch network's input."""
