@@ -4,8 +4,8 @@
 
 With a frozen backbone, ``darp_triplet`` trains only its heads, so a recipe (which features, which head, which
 loss) can be compared in seconds: the features of every complete sketch and photo of ChairV2 (and their mirror
-images) are computed once with the library's :class:`~rlattention.vision.trunk.Trunk` at each feature level and
-cached; then, per recipe and seed, a sketch head and a photo head (linear or MLP to unit embeddings) are trained
+images) are computed once by the library's BatchNorm-folded frozen backbone (levels 3 and 4, pooled to grids);
+then, per recipe and seed, a sketch head and a photo head (linear or MLP to unit embeddings) are trained
 exactly as ``darp_triplet`` trains them (batches of 64 complete sketches with their photos, mirrored together with
 probability 1/2; triplet loss with a random negative, or over all negatives of the batch, or the in-batch softmax),
 validated every 5 epochs on the validation photos, and the test split is evaluated at the best validation epoch.
@@ -27,7 +27,7 @@ from torch import nn
 
 from rlattention.data.registry import build_dataset
 from rlattention.engine.config import load_config
-from rlattention.vision.trunk import Trunk, feature_cache_dir
+from rlattention.vision.trunk import Trunk, fold_batchnorm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,29 +57,35 @@ RECIPES: dict[str, tuple[list[str], dict]] = {
 }
 
 
+@torch.no_grad()
 def features(backbone: str, size: int, data_dir: str, seed: int, extra: list[str]) -> dict:
-    """Per split: sketch / mirrored sketch / photo / mirrored photo features for every key, and the targets."""
+    """Per split: sketch / mirrored sketch / photo / mirrored photo features for every key, and the targets: the
+    frozen backbone's levels 3 and 4 (one pass of its BatchNorm-folded copy), average-pooled to 1x1 .. 3x3."""
     cfg = load_config(
         ROOT / "configs/darp_triplet_chairv2_lite0.yaml",
         ["data.completion_steps=1", f"data.image_size={size}", f"trainer.seed={seed}", *extra],
     )
     splits = build_dataset(cfg.data.name, cfg.data, data_dir)
-    cache = feature_cache_dir("auto")
+    trunk = Trunk(backbone, pretrained=True, freeze="all", in_chans=3)
+    net = fold_batchnorm(trunk.net)
+
+    def levels(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out: dict[str, list[torch.Tensor]] = {}
+        for i in range(0, len(x), 64):
+            b = x[i : i + 64].float() / 255
+            b = trunk.preprocess(b.expand(-1, 3, -1, -1)).contiguous(memory_format=torch.channels_last)
+            l3, l4 = net.forward_levels(b, (3, 4))
+            for key in ("l3g1", "l3g3", "l4g1", "l4g2", "l4g3"):
+                m = l3 if key[1] == "3" else l4
+                out.setdefault(key, []).append(F.adaptive_avg_pool2d(m, int(key[3])).flatten(1))
+        return {k: torch.cat(v) for k, v in out.items()}
+
     out: dict = {}
-    for key in ("l3g1", "l3g3", "l4g1", "l4g2", "l4g3"):
-        level, grid = int(key[1]), int(key[3])
-        for chans, part in ((1, "s"), (3, "p")):
-            trunk = Trunk(backbone, pretrained=True, freeze="all", in_chans=chans, grid={level: grid})
-            for split in ("train", "val", "test"):
-                ds = getattr(splits, split)
-                x = ds.images[:, :1] if chans == 1 else ds.images[:, -3:]
-                trunk.build_cache(torch.cat((x, x.flip(-1))), cache, progress=False)
-                with torch.no_grad():
-                    f = [trunk(x[i : i + 256].float() / 255) for i in range(0, len(x), 256)]
-                    fl = [trunk(x[i : i + 256].flip(-1).float() / 255) for i in range(0, len(x), 256)]
-                d = out.setdefault(split, {"y": ds.targets.clone()})
-                d.setdefault(part, {})[key] = torch.cat(f)
-                d.setdefault(part + "f", {})[key] = torch.cat(fl)
+    for split in ("train", "val", "test"):
+        ds = getattr(splits, split)
+        s, p = ds.images[:, :1], ds.images[:, -3:]
+        out[split] = {"y": ds.targets.clone(), "s": levels(s), "sf": levels(s.flip(-1)), "p": levels(p),
+                      "pf": levels(p.flip(-1))}  # fmt: skip
     return out
 
 
