@@ -164,6 +164,7 @@ def main(
     argv: Sequence[str] | None = None,
     default_seeds: Sequence[int] = (0, 1, 2),
     extra_md: Callable[[dict], str] | None = None,
+    script: str | None = None,
 ) -> int:
     ap = argparse.ArgumentParser(description=f"study {study}: {description}")
     ap.add_argument("--data-dir")
@@ -184,7 +185,7 @@ def main(
     work.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     os.environ["STUDY_THREADS"] = str(args.threads)
-    command = f"python benchmarks/{study}.py" + (f" --data-dir {args.data_dir}" if args.data_dir else "")
+    command = (script or f"python benchmarks/{study}.py") + (f" --data-dir {args.data_dir}" if args.data_dir else "")
     command += " --seeds " + " ".join(map(str, default_seeds))
     if not args.summary_only:
         done = {(r["row"], r["seed"]) for r in _records(log)}

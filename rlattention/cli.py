@@ -195,10 +195,12 @@ def _format_metrics(m: dict) -> str:
     if "rsum" in m:  # image-text retrieval: recalls are already percentages, ranks are 1-based
         recalls = ", ".join(f"{k} {m[k]:.1f}" for k in m if k[4:] in ("r1", "r5", "r10"))
         return f"{recalls}, rsum {m['rsum']:.1f}, medr {m['i2t_medr']:g}/{m['t2i_medr']:g} (i2t/t2i)"
-    counts = ("count", "gallery", "mean_rank", "images")  # not fractions
+    counts = ("count", "gallery", "mean_rank", "mean_rank_steps", "images")  # not fractions
     text = ", ".join(f"{k} {100 * v:.1f}%" for k, v in m.items() if k not in counts)
     if "mean_rank" in m:
         text += f", mean rank {m['mean_rank']:.1f} of {int(m.get('gallery', 0))}"
+    if "mean_rank_steps" in m:
+        text += f" ({m['mean_rank_steps']:.1f} over the completion steps)"
     return text
 
 

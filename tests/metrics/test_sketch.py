@@ -237,11 +237,16 @@ def test_sketch_retrieval_metrics_match_reference(integer):
     got = sketch_retrieval_metrics(queries, gallery, target, max_elements=500)
     ranks = reference_ranks(queries, gallery, target)
     expected = reference_metrics(ranks, 30, (1, 5, 10))
-    assert set(got) == {"acc@1", "acc@5", "acc@10", "auir", "mean_rank", "percentile"}
+    steps = {"acc@1_steps", "acc@5_steps", "acc@10_steps", "mean_rank_steps"}
+    assert set(got) == {"acc@1", "acc@5", "acc@10", "auir", "mean_rank", "percentile"} | steps
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-12), key
+    flat = [x for row in ranks for x in row]  # every query at every completion step
+    for k in (1, 5, 10):
+        assert got[f"acc@{k}_steps"] == pytest.approx(sum(x <= k for x in flat) / len(flat), rel=1e-12)
+    assert got["mean_rank_steps"] == pytest.approx(sum(flat) / len(flat), rel=1e-12)
     other = sketch_retrieval_metrics(queries, gallery, target, ks=(3,))
-    assert set(other) == {"acc@3", "auir", "mean_rank", "percentile"}
+    assert set(other) == {"acc@3", "auir", "mean_rank", "percentile", "acc@3_steps", "mean_rank_steps"}
 
 
 def test_sketch_retrieval_curves_match_reference():

@@ -1,0 +1,75 @@
+"""Studies ``darp_chairv2`` and ``darp_omniglot``: DARP's reinforced locator against its controls at the same
+phase 1, number of glimpses (17 partials x 12) and budget, 3 seeds, selection on validation.
+
+    python benchmarks/darp_study.py chairv2 --data-dir ../shared/data/qmul_chairv2 --seeds 0 1 2
+    python benchmarks/darp_study.py omniglot --data-dir ../shared/data --seeds 0 1 2
+
+Rows: ``triplet`` (phase 1 alone: the triplet network's embedding of every partial), ``raster`` (no policy: a fixed
+3 x 4 raster of glimpses per partial), ``random`` (no policy: uniform random glimpse locations, trained the same
+way), ``vanilla_rl`` and ``ppo`` (Sketch Less for More's policies on the phase-1 features), ``bdqn``
+(bootstrapped DQN locator) and ``darp``. Every phase-2 row of seed s reads the phase-1 artifact of the
+``triplet`` row of seed s. ChairV2: phase 1 is the frozen, pretrained EfficientNet-Lite0 recipe of
+``sbir_backbones`` at 224 px (phase 2 then glimpses 28 x 28 patches of the 224 px renders, the same fraction of the
+sketch as 8 x 8 of 64 px); Omniglot: the from-scratch phase 1 at 64 px.
+
+Metrics (percent, test split): ``auir``; ``acc@1``, ``acc@5``, ``acc@10`` and ``mean_rank`` of the partial-sketch
+protocol (averaged over the queries and the 17 completion steps); ``acc@5_complete`` (the complete sketch only).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from study import Row, main
+
+PHASE1 = "model.phase1={work}/triplet_s{seed}/phase1.safetensors"
+
+
+def rows(dataset: str) -> list[Row]:
+    if dataset == "chairv2":
+        triplet = Row("triplet", "configs/darp_triplet_chairv2_lite0.yaml", [], "phase 1: frozen Lite0, InfoNCE")
+        same = [PHASE1, "data.image_size=224"]
+        glimpses = [*same, "model.glimpse_size=28", "model.augment_degrees=0"]
+        cfg = "configs/darp_{}chairv2.yaml"
+    else:
+        triplet = Row("triplet", "configs/darp_triplet_omniglot.yaml", [], "phase 1 from scratch, 64 px")
+        same = [PHASE1]
+        glimpses = [*same]
+        cfg = "configs/darp_{}omniglot.yaml"
+    return [
+        triplet,
+        Row("raster", cfg.format(""), [*glimpses, "model.locator=raster"], "fixed 3x4 raster of glimpses"),
+        Row("random", cfg.format(""), [*glimpses, "model.locator=random"], "uniform random glimpse locations"),
+        Row("vanilla_rl", cfg.format("vanilla_rl_"), same, "REINFORCE on phase-1 features"),
+        Row("ppo", cfg.format("ppo_"), same, "PPO on phase-1 features"),
+        Row("bdqn", cfg.format("bdqn_"), glimpses, "bootstrapped DQN locator"),
+        Row("darp", cfg.format(""), glimpses, "K = 6 Gaussian heads, acting-head updates, rising threshold"),
+    ]
+
+
+def metrics(report: dict) -> dict[str, float]:
+    t = report["test"]
+    return {
+        "auir": 100 * t["auir"],
+        "acc@1": 100 * t["acc@1_steps"],
+        "acc@5": 100 * t["acc@5_steps"],
+        "acc@10": 100 * t["acc@10_steps"],
+        "mean_rank": t["mean_rank_steps"],
+        "acc@5_complete": 100 * t["acc@5"],
+    }
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in ("chairv2", "omniglot"):
+        sys.exit("usage: python benchmarks/darp_study.py {chairv2,omniglot} [--data-dir DIR] [--seeds ...]")
+    name = sys.argv[1]
+    sys.exit(
+        main(
+            f"darp_{name}",
+            rows(name),
+            metrics,
+            f"DARP against its controls on {name} test, partial-sketch protocol (17 steps), selected on validation",
+            sys.argv[2:],
+            script=f"python benchmarks/darp_study.py {name}",
+        )
+    )
