@@ -854,16 +854,17 @@ class DARP(SketchRetrievalMethod):
                 self.q_target.sync(self.q_heads)
         # the rank at the end of each completion step, per sketch
         per_step = ep["per_item"](ranks)[:, cfg.glimpses_per_step - 1 :: cfg.glimpses_per_step].float()
-        return StepOutput(
-            loss,
-            terms=terms,
-            stats={
-                "reward": R.mean(),
-                "eta": eta.mean(),
-                "train_auir": (1.0 / per_step).mean(),
-                "train_acc@5": (per_step[:, -1] <= 5).float().mean(),
-            },
-        )
+        stats = {
+            "reward": R.mean(),
+            "eta": eta.mean(),
+            "train_auir": (1.0 / per_step).mean(),
+            "train_acc@5": (per_step[:, -1] <= 5).float().mean(),
+        }
+        if cfg.locator == "bootstrap" and cfg.num_heads > 1:
+            with torch.no_grad():  # how far apart the heads' mean locations are, averaged over the states visited
+                mu = self.locator.means(h_act)  # (N, T-1, K, 2)
+                stats["heads_spread"] = torch.cdist(mu, mu).sum((-2, -1)).mean() / (cfg.num_heads * (cfg.num_heads - 1))
+        return StepOutput(loss, terms=terms, stats=stats)
 
     def reward(self, ranks: Tensor, eta: Tensor, gallery_size: int) -> Tensor:
         """R_t of every glimpse from the true photo's rank ``(N, T)`` (``model.reward``)."""

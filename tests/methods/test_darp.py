@@ -454,3 +454,17 @@ def test_phase1_loss_values_are_named():
         _triplet(negatives="semi")
     with pytest.raises(ValueError, match="feature_levels"):
         _triplet(backbone="efficientnet_lite0", feature_levels=[3, 4], feature_grid=[3])
+
+
+def test_heads_spread_is_logged_and_measures_the_heads_distance(phase1):
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    images, targets = splits.train.images[:4].float() / 255, splits.train.targets[:4]
+    spreads = {}
+    for init in ("centre", "spread"):
+        torch.manual_seed(0)
+        model = DARP.from_config(DARPConfig(**small_darp(phase1, locator_init=init, locator_radius=0.6)), info)
+        model.on_fit_start(splits)
+        spreads[init] = float(model(images, targets).stats["heads_spread"])
+    # K = 6 heads on a circle of radius 0.6: mean pairwise distance 0.6 * 2 * mean |sin(pi k / 6)| ~ 0.86
+    assert spreads["spread"] > 0.6 and spreads["centre"] < 0.3
