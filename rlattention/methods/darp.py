@@ -280,11 +280,11 @@ class TripletNetwork(SketchRetrievalMethod):
         side = parts[0].images.shape[-2:] if parts else (0, 0)
         renders = [s.images[:, : self.steps].reshape(-1, 1, *side) for s in parts]  # every partial: evaluation
         photos = [s.images[:, -3:] for s in parts]  # one per sketch: the cache keeps each distinct photo once
-        if cfg.augment_flip > 0 and len(splits.train):  # training mirrors its anchors and photos
-            train = splits.train.images
-            anchors = train[:, self.steps - 1 : self.steps] if cfg.anchor == "complete" else train[:, : self.steps]
-            renders.append(anchors.reshape(-1, 1, *side).flip(-1))
-            photos.append(train[:, -3:].flip(-1))
+        if cfg.augment_flip > 0:  # training mirrors its anchors and photos; every split's, so that the set of
+            # images (and the cache file) is the same whichever photos a seed puts in the training split
+            first = self.steps - 1 if cfg.anchor == "complete" else 0
+            renders += [s.images[:, first : self.steps].reshape(-1, 1, *side).flip(-1) for s in parts]
+            photos += [s.images[:, -3:].flip(-1) for s in parts]
         if cfg.shared_backbone:
             renders = [r.expand(-1, 3, -1, -1) for r in renders]
         cache_trunk_inputs(self.sketch_net.backbone, renders, cfg.feature_cache, what="sketch features")
