@@ -468,3 +468,19 @@ def test_heads_spread_is_logged_and_measures_the_heads_distance(phase1):
         spreads[init] = float(model(images, targets).stats["heads_spread"])
     # K = 6 heads on a circle of radius 0.6: mean pairwise distance 0.6 * 2 * mean |sin(pi k / 6)| ~ 0.86
     assert spreads["spread"] > 0.6 and spreads["centre"] < 0.3
+
+
+def test_frozen_phase1_cache_does_not_depend_on_the_split(tmp_path, monkeypatch):
+    """The seeds of a study carve other validation photos out of train: they must share one feature file."""
+    from rlattention.data.base import DataSplits
+
+    monkeypatch.setenv("RLATTENTION_CACHE", str(tmp_path))
+    a = synthetic_splits()
+    b = DataSplits(a.val, a.train, a.test, a.num_classes, name=a.name)  # other photos in training
+    paths = []
+    for splits in (a, b):
+        torch.manual_seed(0)  # the same (here random, in a study pretrained) frozen weights
+        net = _triplet(backbone="efficientnet_lite0", freeze="all", soft_attention=False, augment_flip=0.5)
+        net.on_fit_start(splits)
+        paths.append((net.sketch_net.backbone.cache.path, net.photo_net.backbone.cache.path))
+    assert paths[0] == paths[1] and paths[0][0].is_file()
