@@ -87,3 +87,24 @@ def test_a_pretrained_checkpoint_evaluates_without_the_wheel(tmp_path, monkeypat
     metrics = evaluate_checkpoint(tmp_path / "p" / "checkpoints" / "best.ckpt", None, "test", 0, 1234, 64)
     assert metrics["accuracy"] == pytest.approx(report["test"]["accuracy"])
     json.dumps(metrics)
+
+
+def test_scal_and_rarl_build_on_a_registered_backbone():
+    from rlattention.engine.method import DataInfo
+    from rlattention.methods.rarl import RARL, RARLConfig
+    from rlattention.methods.scal import SCAL, SCALConfig
+
+    torch.manual_seed(0)
+    scal = SCAL(SCALConfig(backbone="efficientnet_lite0", freeze="all"), DataInfo((3, 64, 32), 8))
+    assert scal.backbone.stage_channels == [16, 24, 40, 112, 1280]
+    ids = torch.arange(8) % 4
+    targets = torch.stack((ids, ids % 2, torch.zeros_like(ids)), 1)
+    scal.train()
+    out = scal(torch.rand(8, 3, 64, 32), targets)
+    out.loss.backward()
+    assert all(p.grad is None for p in scal.backbone.parameters())  # frozen
+    assert any(p.grad is not None for p in scal.agents.parameters())  # the attention agents learn
+    rarl = RARL(RARLConfig(backbone="efficientnet_lite0", freeze="all", backbone_level=3), DataInfo((3, 96, 96), 5))
+    assert rarl.backbone.out_features == 112
+    with pytest.raises(ValueError, match="feature levels"):
+        RARL(RARLConfig(backbone="efficientnet_lite0", backbone_level=9), DataInfo((3, 96, 96), 5))
