@@ -275,3 +275,18 @@ def test_grid_pooling_concatenates_the_levels_pooled_maps():
         Trunk("efficientnet_lite0", freeze=2, grid={3: 3, 4: 2})
     with pytest.raises(ValueError, match="levels"):
         Trunk("efficientnet_lite0", grid={7: 2})
+
+
+def test_the_backbones_command_lists_every_backbone(capsys):
+    import json
+
+    from rlattention.cli import main
+
+    assert main(["backbones", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(list_backbones())
+    assert rows["efficientnet_lite0"]["top1"] == 75.1 and rows["efficientnet_lite0"]["params_m"] == 4.65
+    assert rows["efficientnet_lite2"]["pretrained"] in ("installed", "not installed")
+    assert rows["resnet50"]["pretrained"] == "no"
+    assert main(["backbones"]) == 0
+    assert "efficientnet_lite1" in capsys.readouterr().out
