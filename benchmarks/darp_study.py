@@ -71,5 +71,6 @@ if __name__ == "__main__":
             f"DARP against its controls on {name} test, partial-sketch protocol (17 steps), selected on validation",
             sys.argv[2:],
             script=f"python benchmarks/darp_study.py {name}",
+            primary="auir",
         )
     )

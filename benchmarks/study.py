@@ -40,12 +40,15 @@ class Row:
     issue_row: bool = True  # a row the issue names (False: a variant we tried)
 
 
-def machine() -> str:
+def machine(records: Sequence[dict] = ()) -> str:
+    """The machine, with the torch threads the recorded runs used (``trainer.num_threads`` of their commands)."""
     import torch
 
-    threads = os.environ.get("STUDY_THREADS", "2")
+    threads = sorted({part.split("=", 1)[1] for r in records for part in r["command"].split()
+                      if part.startswith("trainer.num_threads=")})  # fmt: skip
+    used = "/".join(threads) if threads else os.environ.get("STUDY_THREADS", "2")
     cpu = platform.processor() or platform.machine()
-    return f"{threads} CPU threads ({os.cpu_count()} cores, {cpu}), torch {torch.__version__}"
+    return f"{used} torch thread(s) per run ({os.cpu_count()} cores, {cpu}), torch {torch.__version__}"
 
 
 def _records(path: Path) -> list[dict]:
@@ -98,6 +101,7 @@ def summarise(
     command: str,
     out: Path,
     extra_md: str = "",
+    primary: str | None = None,
 ) -> dict:
     """``summary.json`` and ``summary.md`` from the records (rows in the order of ``rows``; seeds sorted)."""
     doc_rows, lines = [], []
@@ -129,7 +133,7 @@ def summarise(
         "description": description,
         "command": command,
         "selection": "validation (the checkpoint with the best validation metric; the test split evaluated once)",
-        "machine": machine(),
+        "machine": machine(records),
         "rows": doc_rows,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +148,7 @@ def summarise(
             v = r["metrics"][k]
             sd = statistics.stdev(v) if len(v) > 1 else 0.0
             cells.append(f"{statistics.mean(v):.2f} ± {sd:.2f}")
-        first = keys[0] if keys else ""
+        first = primary or (keys[0] if keys else "")
         per_seed = ", ".join(f"{x:.1f}" for x in r["metrics"].get(first, []))
         secs = statistics.mean(t for t in r["train_seconds"] if t is not None)
         name = r["name"] if r["issue_row"] else f"_{r['name']}_"
@@ -165,6 +169,7 @@ def main(
     default_seeds: Sequence[int] = (0, 1, 2),
     extra_md: Callable[[dict], str] | None = None,
     script: str | None = None,
+    primary: str | None = None,
 ) -> int:
     ap = argparse.ArgumentParser(description=f"study {study}: {description}")
     ap.add_argument("--data-dir")
@@ -201,9 +206,9 @@ def main(
                     f.write(json.dumps(rec) + "\n")
                 print(f"[{study}] {row.name} seed {seed}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
-    doc = summarise(study, rows, records, metrics, description, command, out)
+    doc = summarise(study, rows, records, metrics, description, command, out, primary=primary)
     if extra_md is not None:
-        summarise(study, rows, records, metrics, description, command, out, extra_md(doc))
+        summarise(study, rows, records, metrics, description, command, out, extra_md(doc), primary)
     print((out / "summary.md").read_text())
     return 0
 
