@@ -238,7 +238,8 @@ def _read(path: Path, expected: int) -> tuple[Tensor, Tensor] | None:
             raise ValueError("is a symlink")
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            keys, values = f.get_tensor("keys"), f.get_tensor("values")
+            # copies: a mapping of the file would break if someone truncated it while we train
+            keys, values = f.get_tensor("keys").clone(), f.get_tensor("values").clone()
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}")
         if len(keys) != expected or len(values) != expected:
