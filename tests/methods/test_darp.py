@@ -484,3 +484,25 @@ def test_frozen_phase1_cache_does_not_depend_on_the_split(tmp_path, monkeypatch)
         net.on_fit_start(splits)
         paths.append((net.sketch_net.backbone.cache.path, net.photo_net.backbone.cache.path))
     assert paths[0] == paths[1] and paths[0][0].is_file()
+
+
+def test_darp_figures_draw_every_heads_glimpses_and_the_training_curves(tmp_path, phase1):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "darp_figures", Path(__file__).resolve().parents[2] / "benchmarks" / "darp_figures.py"
+    )
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    model_cfg = {**small_darp(phase1), "num_heads": 2}
+    report = run(tmp_path, "darp", model_cfg, "fig", steps=2)
+    run_dir = Path(report["run_dir"])
+    curves = figures.training_curves(run_dir)
+    assert "val/auir" in curves
+    info = DataInfo((S + 3, SIDE, SIDE), PHOTOS)
+    model = DARP.from_config(DARPConfig(**model_cfg), info)
+    images = synthetic_splits().test.images[:2].float() / 255
+    paths = figures.plot_head_glimpses(model, images, tmp_path / "figs")
+    assert [p.name for p in paths] == ["glimpses_head0.png", "glimpses_head1.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert figures.plot_training(run_dir, tmp_path / "figs" / "training.png").stat().st_size > 1000
