@@ -3,8 +3,8 @@
 A frozen backbone maps the same image to the same features in every epoch, so a method whose backbone is frozen
 (all of it, or all but its last blocks) computes them once (:meth:`FeatureCache.build`, with a progress bar) and
 then reads them. Lookup is by content, not by item index: every input image is reduced to a 64-bit fingerprint
-(:func:`fingerprints`: an integer dot product of its 8-bit pixel values with fixed random weights, exact and
-independent of the batch it comes in), so the method's forward pass stays the same whether an image is cached or
+(:func:`fingerprints`: random integer hashes of its 8-bit pixel values, computed exactly and independently of
+the batch it comes in), so the method's forward pass stays the same whether an image is cached or
 not; an input that is not in the table (an augmented image, a new dataset) is computed by the network as usual.
 
 On disk: ``<cache_dir>/features/<key>.safetensors`` holding ``keys`` (M,) int64 (sorted) and ``values``
