@@ -38,6 +38,7 @@ class Row:
     overrides: list[str] = field(default_factory=list)  # "{seed}" and "{work}" (the runs folder) are filled in
     note: str = ""  # what the variant is, one line for the markdown table
     issue_row: bool = True  # a row the issue names (False: a variant we tried)
+    selection: str = ""  # how this row's checkpoint is chosen, when not the study's default (best validation)
 
 
 def machine(records: Sequence[dict] = ()) -> str:
@@ -126,13 +127,15 @@ def summarise(
                 "commands": [r["command"] for r in mine],
                 "issue_row": row.issue_row,
                 "note": row.note,
+                **({"selection": row.selection} if row.selection else {}),
             }
         )
     doc = {
         "study": study,
         "description": description,
         "command": command,
-        "selection": "validation (the checkpoint with the best validation metric; the test split evaluated once)",
+        "selection": "validation (the checkpoint with the best validation metric; the test split evaluated once)"
+        + ("; a row's own `selection` says where it differs" if any(r.get("selection") for r in doc_rows) else ""),
         "machine": machine(records),
         "rows": doc_rows,
     }

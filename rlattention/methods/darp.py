@@ -539,6 +539,10 @@ class DARPConfig:
     # episode per sketch, the state running across all S partials (h0 from partial 1)
     episode: str = "per_partial"
     context: bool = False  # (not in the paper) also feed the phase-1 embedding of the current partial into g_t
+    # direct: a_t = ACTN(h_t) (the paper) | residual (not in the paper): a_t = e_s + ACTN(h_t), the phase-1
+    # embedding of the current partial plus a correction from the glimpses, whose last layer starts at zero (so an
+    # untrained phase 2 retrieves exactly as phase 1 does, and the glimpses can only be taught to improve on it)
+    embedding: str = "direct"
     # bootstrap: K Gaussian heads (DARP) | dqn: bootstrapped DQN over a grid | raster: no policy, the glimpses of
     # each partial visit a fixed rows x cols raster (rows = floor(sqrt(glimpses_per_step))) in order (an ablation)
     # | random: no policy, every glimpse at a uniform random location (evaluation: seeded)
@@ -601,6 +605,7 @@ class DARP(SketchRetrievalMethod):
             ("bootstrap_update", cfg.bootstrap_update, BOOTSTRAP_UPDATES),
             ("eval_ensemble", cfg.eval_ensemble, ("locations", "embeddings")),
             ("locator_init", cfg.locator_init, ("centre", "spread")),
+            ("embedding", cfg.embedding, ("direct", "residual")),
         ):
             if value not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -631,6 +636,9 @@ class DARP(SketchRetrievalMethod):
         self.action_net = nn.Sequential(
             nn.Linear(cfg.hidden_size, cfg.hidden_size), nn.ReLU(), nn.Linear(cfg.hidden_size, self.embed_dim)
         )  # ACTN
+        if cfg.embedding == "residual":
+            nn.init.zeros_(self.action_net[-1].weight)
+            nn.init.zeros_(self.action_net[-1].bias)
         self.h0_proj = nn.Linear(self.embed_dim, cfg.hidden_size) if cfg.h0 == "sketch_embedding" else None
         self.context_proj = nn.Linear(self.embed_dim, cfg.glimpse_dim, bias=False) if cfg.context else None
         if cfg.locator == "bootstrap":
@@ -703,14 +711,16 @@ class DARP(SketchRetrievalMethod):
             self.epsilon = self.epsilon_schedule(progress)
 
     # ---------------------------------------------------------------- the episode
-    def initial_state(self, sketches: Tensor):
+    def initial_state(self, sketches: Tensor, first: Tensor | None = None):
+        """The core's first state; ``first``: the phase-1 embedding of partial 1 when already computed."""
         B = sketches.shape[0]
         state = self.core.initial_state(B, sketches)
         if self.h0_proj is None:
             return state
-        with torch.no_grad():
-            e = self.phase1.net.embed_sketches(sketches[:, :1])[:, 0]  # phase-1 embedding of partial 1
-        h = torch.tanh(self.h0_proj(e))
+        if first is None:
+            with torch.no_grad():
+                first = self.phase1.net.embed_sketches(sketches[:, :1])[:, 0]  # phase-1 embedding of partial 1
+        h = torch.tanh(self.h0_proj(first))
         return h if self.cfg.core == "rnn" else (h, torch.zeros_like(h))
 
     def _q(self, h: Tensor, target: bool = False) -> Tensor:
@@ -731,7 +741,11 @@ class DARP(SketchRetrievalMethod):
         cfg = self.cfg
         B, S = sketches.shape[:2]
         T = S * cfg.glimpses_per_step
-        state = self.initial_state(sketches)
+        partials = None  # the phase-1 embedding of every partial, (B, S, D), when something reads it
+        if self.context_proj is not None or cfg.embedding == "residual":
+            with torch.no_grad():
+                partials = self.phase1.net.embed_sketches(sketches)
+        state = self.initial_state(sketches, None if partials is None else partials[:, 0])
         loc = sketches.new_zeros(B, 2)  # v_0: the centre
         if cfg.locator == "raster":
             loc = self.raster[0].to(sketches.dtype).expand(B, 2)
@@ -754,9 +768,7 @@ class DARP(SketchRetrievalMethod):
             prepared = self.sensor.prepare(sketches[:, s : s + 1])  # the partial sketch available now
             context = None
             if self.context_proj is not None:  # the triplet network's view of the whole partial sketch
-                with torch.no_grad():
-                    e_s = self.phase1.net.embed_sketches(sketches[:, s : s + 1])[:, 0]
-                context = self.context_proj(e_s)
+                context = self.context_proj(partials[:, s])
             for _ in range(cfg.glimpses_per_step):
                 locs.append(loc)
                 g_t = self.glimpse(self.sensor.extract(prepared, loc, sketches.dtype), loc)  # g_t
@@ -774,7 +786,10 @@ class DARP(SketchRetrievalMethod):
                     if cell is not None:
                         cells.append(cell)
         H = torch.stack(hs, 1)
-        out = {"hidden": H, "embedding": self.action_net(H), "locations": torch.stack(locs, 1), "head": head}
+        a = self.action_net(H)
+        if cfg.embedding == "residual":  # a_t = e_s + ACTN(h_t), s the partial of glimpse t
+            a = a + partials.repeat_interleave(cfg.glimpses_per_step, dim=1)
+        out = {"hidden": H, "embedding": a, "locations": torch.stack(locs, 1), "head": head}
         out["actions"] = out["locations"][:, 1:]
         if cells:
             out["cells"] = torch.stack(cells, 1)

@@ -506,3 +506,32 @@ def test_darp_figures_draw_every_heads_glimpses_and_the_training_curves(tmp_path
     assert [p.name for p in paths] == ["glimpses_head0.png", "glimpses_head1.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
     assert figures.plot_training(run_dir, tmp_path / "figs" / "training.png").stat().st_size > 1000
+
+
+def test_residual_embedding_starts_at_phase1_and_the_glimpses_then_correct_it(phase1):
+    """``embedding=residual``: untrained, phase 2 predicts exactly the phase-1 embedding of each partial (the
+    ``triplet`` row); after one supervised step the correction is non-zero and depends on where the glimpses
+    land, so the locator's actions change the embedding."""
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    torch.manual_seed(0)
+    model = DARP.from_config(DARPConfig(**small_darp(phase1, embedding="residual")), info)
+    model.eval()
+    images = splits.test.images[:4].float() / 255
+    assert torch.allclose(model.predict(images), model.phase1.net.predict(images), atol=1e-6)
+    model.train()
+    model.on_fit_start(splits)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    out = model(splits.train.images[:8].float() / 255, splits.train.targets[:8])
+    out.terms["supervised"].backward()
+    opt.step()
+    model.eval()
+    assert not torch.allclose(model.predict(images), model.phase1.net.predict(images), atol=1e-4)
+    sketch = images[:, :1]
+    at_centre = model.episode(sketch, deterministic=True)["embedding"][:, 0]  # glimpse 1: at the centre
+    model.cfg.locator = "raster"  # the same network, its first glimpse elsewhere (a raster's first cell)
+    model.register_buffer("raster", torch.tensor([[-0.6, -0.6]] * model.cfg.glimpses_per_step), persistent=False)
+    elsewhere = model.episode(sketch, deterministic=True)["embedding"][:, 0]
+    assert not torch.allclose(at_centre, elsewhere, atol=1e-5)
+    with pytest.raises(ValueError, match="model.embedding"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, embedding="sum")), info)
