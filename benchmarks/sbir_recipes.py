@@ -288,8 +288,13 @@ def main_cv(args: argparse.Namespace, cmd: str) -> int:
             torch.save(train, scratch)
     print(f"features: {time.time() - t0:.0f} s ({len(train['y'])} sketches)", flush=True)
     folds = photo_folds(train["y"], args.folds, args.fold_seed)
+    recipes = dict(CV_RECIPES)
+    if args.top_from:  # the best `--top` recipes of another backbone's selection, and the first library run's
+        earlier = json.loads(Path(args.top_from).read_text())["rows"]
+        best = [r["recipe"] for r in sorted(earlier, key=lambda r: (-r["cv_acc@5"], -r["cv_acc@1"]))[: args.top]]
+        recipes = {k: v for i, (k, v) in enumerate(CV_RECIPES.items()) if i == 0 or k in best}
     rows = []
-    for name, (keys, opts) in CV_RECIPES.items():
+    for name, (keys, opts) in recipes.items():
         opts = {"epochs": args.epochs, **opts}
         t1 = time.time()
         res = cross_validate(train, keys, opts, folds, args.fold_seed)
@@ -349,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="holdout: the first search (test at the best validation epoch, 30 validation photos); "
                     "cv: selection by cross-validation over the training photos, test never read")  # fmt: skip
     ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--top-from", help="cv: only the best --top recipes of this cv_*.json (another backbone's)")
+    ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--keep-features", help="cv: a .pt file for the training features (read if it exists)")
     ap.add_argument("--fold-seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=60, help="cv: the longest run (scored every 5 epochs)")
