@@ -44,6 +44,16 @@ def rows(dataset: str) -> list[Row]:
         Row("ppo", cfg.format("ppo_"), same, "PPO on phase-1 features"),
         Row("bdqn", cfg.format("bdqn_"), glimpses, "bootstrapped DQN locator"),
         Row("darp", cfg.format(""), glimpses, "K = 6 Gaussian heads, acting-head updates, rising threshold"),
+        # variants: a_t = the phase-1 embedding of the partial + a glimpse correction (model.embedding=residual),
+        # so every glimpse row starts where `triplet` is and the locations decide what the glimpses add
+        *(
+            Row(f"{name}_residual", cfg.format(""), [*glimpses, *extra, "model.embedding=residual"], note, False)
+            for name, extra, note in (
+                ("raster", ["model.locator=raster"], "raster, residual embedding"),
+                ("random", ["model.locator=random"], "random locations, residual embedding"),
+                ("darp", [], "DARP, residual embedding"),
+            )
+        ),
     ]
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ from rlattention.rl import (
 from rlattention.rl.qlearning import TargetNetwork
 from rlattention.vision import GlimpseSensor
 from rlattention.vision.backbones import SmallCNN
+from rlattention.vision.feature_cache import fingerprints, module_digest
 from rlattention.vision.transforms import random_rotate_flip
 from rlattention.vision.trunk import Trunk, cache_trunk_inputs
 
@@ -419,9 +421,95 @@ def _extra_state_optional(load):
     return _load_from_state_dict
 
 
+class PartialMemo:
+    """A content-keyed memo of one frozen phase-1 output of single partial renders (the sketch embedding, or the
+    pooled features before it): filled once for every partial of the splits, then read by the 64-bit fingerprint
+    of each requested render (:func:`rlattention.vision.feature_cache.fingerprints`). A render that is not an
+    exact 8-bit image (checked on every pixel: e.g. a rotated one) or not in the table is computed by the network
+    and not stored. Plain tensors, not buffers: never in a state_dict or a checkpoint; the table moves to the
+    device of the renders on first use there."""
+
+    def __init__(self, weights: str) -> None:
+        self.weights = weights  # module_digest of the phase-1 networks the values were computed with
+        self.keys = torch.empty(0, dtype=torch.long)  # (M,) sorted
+        self.values: Tensor | None = None  # (M, ...)
+        self.hits = 0  # renders read from the table
+        self.misses = 0  # renders computed by the network
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @torch.no_grad()
+    def fill(
+        self, chunks: Iterable[Tensor], fn: Callable[[Tensor], Tensor], device: torch.device, batch_size: int = 256
+    ) -> PartialMemo:
+        """Add ``fn`` (renders ``(B, S, H, W)`` -> ``(B, S, ...)``) of every distinct render of ``chunks`` (uint8
+        ``(N, H, W)`` tensors), each computed once, in batches of ``batch_size`` on ``device``."""
+        keys, values = [self.keys.cpu()], [] if self.values is None else [self.values.to(device)]
+        for renders in chunks:
+            k, first = _first_occurrence(_fingerprints(renders)[0])
+            new = ~torch.isin(k, torch.cat(keys))
+            k, first = k[new], first[new]
+            for idx in first.split(batch_size) if len(first) else ():
+                x = renders[idx].to(device).float().div_(255.0)  # as the batch loader converts uint8 images
+                values.append(fn(x[:, None])[:, 0])
+            keys.append(k)
+        if len(values) == 0:
+            return self
+        keys_cat, values_cat = torch.cat(keys), torch.cat(values)
+        order = torch.argsort(keys_cat)
+        self.keys, self.values = keys_cat[order].to(device), values_cat[order.to(device)]
+        return self
+
+    def __call__(self, sketches: Tensor, fn: Callable[[Tensor], Tensor], dtype: torch.dtype) -> Tensor:
+        """``fn(sketches)`` (renders ``(B, S, H, W)``) as ``dtype``: table rows for the memoised renders, ``fn``
+        on the others."""
+        B, S = sketches.shape[:2]
+        flat = sketches.flatten(0, 1)  # (N, H, W)
+        if self.values is None or len(flat) == 0:
+            self.misses += len(flat)
+            return fn(sketches).to(dtype)
+        keys, exact = _fingerprints(flat)
+        if flat.is_floating_point():  # fingerprints samples every 61st value; the memo checks them all
+            exact &= _eight_bit(flat)
+        if self.keys.device != flat.device:
+            self.keys, self.values = self.keys.to(flat.device), self.values.to(flat.device)
+        idx = torch.searchsorted(self.keys, keys).clamp_(max=len(self.keys) - 1)
+        hit = exact & (self.keys[idx] == keys)
+        n_hit = int(hit.sum())
+        self.hits += n_hit
+        self.misses += len(flat) - n_hit
+        if n_hit == len(flat):
+            out = self.values[idx].to(dtype)
+        else:
+            out = torch.empty((len(flat), *self.values.shape[1:]), dtype=dtype, device=flat.device)
+            out[hit] = self.values[idx[hit]].to(dtype)
+            out[~hit] = fn(flat[~hit][:, None])[:, 0].to(dtype)
+        return out.view(B, S, *out.shape[1:])
+
+
+def _fingerprints(x: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`fingerprints` outside any autocast (a bf16 matmul would round its exact integer sums), of float32
+    values (float64 too)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return fingerprints(x if x.dtype in (torch.uint8, torch.float32) else x.float())
+
+
+def _eight_bit(x: Tensor) -> Tensor:
+    """``(N, ...)`` float -> ``(N,)`` bool: every value within 1e-3 / 255 of a multiple of 1/255 (in blocks of
+    about 1 MB, ten times faster than one pass over a large batch)."""
+    flat = x.reshape(len(x), -1)
+    worst = []
+    for part in flat.split(max(1, 2**18 // max(1, flat.shape[1]))):
+        scaled = part * 255.0
+        worst.append(scaled.sub_(scaled.round()).abs_().amax(1))
+    return torch.cat(worst) <= 1e-3
+
+
 class Phase1(nn.Module):
     """The frozen phase-1 networks and gallery that phase-2 methods read. Always in eval mode (BatchNorm uses
-    its running statistics), no parameter is trained."""
+    its running statistics), no parameter is trained. ``memos``: :class:`PartialMemo` of the outputs that
+    :meth:`partials` serves, filled by :meth:`memoize`; dropped when a state load changes the networks."""
 
     def __init__(self, triplet: TripletNetwork, gallery: Tensor, present: Tensor) -> None:
         super().__init__()
@@ -431,10 +519,35 @@ class Phase1(nn.Module):
         self.register_buffer("gallery", gallery)  # e_i of every photo (D,)
         self.register_buffer("present", present)
         self.net.eval()
+        self.memos: dict[str, PartialMemo] = {}  # a plain attribute: not part of the module's state
+        self.register_load_state_dict_post_hook(_drop_stale_memos)
 
     def train(self, mode: bool = True) -> Phase1:
         super().train(False)
         return self
+
+    @torch.no_grad()
+    def memoize(self, output: str, parts: Iterable[Any], chunk: int = 64) -> PartialMemo | None:
+        """Memoise ``net.<output>`` (``embed_sketches`` or ``sketch_features``) of every partial render of the
+        splits ``parts`` (uint8 items ``(N, S + 3, H, W)``; float items: nothing exact to key, None)."""
+        parts = list(parts)
+        if any(s.images.dtype != torch.uint8 for s in parts):
+            return None
+        digest = module_digest(self.net)
+        memo = self.memos.get(output)
+        if memo is None or memo.weights != digest:
+            memo = self.memos[output] = PartialMemo(digest)
+        steps = self.net.steps
+        chunks = (s.images[i : i + chunk, :steps].flatten(0, 1) for s in parts for i in range(0, len(s), chunk))
+        return memo.fill(chunks, getattr(self.net, output), self.gallery.device)
+
+    @torch.no_grad()
+    def partials(self, sketches: Tensor, output: str) -> Tensor:
+        """``net.<output>`` of renders ``(B, S, H, W)`` in [0, 1] -> ``(B, S, ...)``, read from its memo where
+        :meth:`memoize` filled one."""
+        fn = getattr(self.net, output)
+        memo = self.memos.get(output)
+        return fn(sketches) if memo is None else memo(sketches, fn, self.gallery.dtype)
 
     # the phase-1 architecture travels in every phase-2 checkpoint (``phase1._extra_state``), so a checkpoint
     # can be evaluated or resumed without the phase1.safetensors it was trained from (see phase1_from_state)
@@ -451,6 +564,13 @@ class Phase1(nn.Module):
             )
 
     _load_from_state_dict = _extra_state_optional(nn.Module._load_from_state_dict)
+
+
+def _drop_stale_memos(phase1: Phase1, incompatible: Any) -> None:
+    """After a state load: forget the memos computed with other phase-1 weights."""
+    if phase1.memos:
+        digest = module_digest(phase1.net)
+        phase1.memos = {k: m for k, m in phase1.memos.items() if m.weights == digest}
 
 
 def phase1_from_state(state: dict[str, Any], info: DataInfo, prefix: str = "phase1.") -> Phase1 | None:
@@ -579,6 +699,10 @@ class DARPConfig:
     epsilon_final: float = 0.05
     target_sync: int = 100  # optimiser steps between target-network syncs
     augment_degrees: float = 10.0  # random rotation of the sketch while training
+    # the frozen phase-1 embedding of every partial of the splits computed once (on_fit_start) and read by content
+    # (false: recomputed at every step); rotated partials are not exact images: with augment_degrees > 0 training
+    # computes them at every step and only the validation and test partials are memoised (evaluation)
+    phase1_cache: bool = True
     eval_head: int = -1  # evaluation: -1 an ensemble of the K heads (see eval_ensemble) | k: head k alone
     # ensemble at evaluation: locations: one episode at the mean of the heads' mean locations (DQN: mean Q) |
     # embeddings: each head's own mean-location episode, the K embeddings averaged (K times the cost)
@@ -593,6 +717,7 @@ class DARPConfig:
 @register_method("darp")
 class DARP(SketchRetrievalMethod):
     Config = DARPConfig
+    phase1_output = "embed_sketches"  # what phase 2 reads of each partial (memoised with model.phase1_cache)
 
     def __init__(self, cfg: DARPConfig, info: DataInfo, phase1: Phase1) -> None:
         super().__init__()
@@ -687,6 +812,9 @@ class DARP(SketchRetrievalMethod):
         row[ids] = torch.arange(len(ids))
         self.train_row.copy_(row)
         self.phase1.net.on_fit_start(splits)  # a frozen pretrained phase 1: its features of every partial, cached
+        if self.cfg.phase1_cache:  # training partials rotated at every step are never exact images: left out
+            rotated = getattr(self.cfg, "augment_degrees", 0.0) > 0
+            self.phase1.memoize(self.phase1_output, [splits.val, splits.test] + ([] if rotated else [splits.train]))
 
     def episodes(self, sketches: Tensor, deterministic: bool = False, generator=None, head: int | None = None):
         """The episodes of ``model.episode`` on sketches ``(B, S, H, W)``: ``continuous``, :meth:`episode` on the
@@ -718,8 +846,7 @@ class DARP(SketchRetrievalMethod):
         if self.h0_proj is None:
             return state
         if first is None:
-            with torch.no_grad():
-                first = self.phase1.net.embed_sketches(sketches[:, :1])[:, 0]  # phase-1 embedding of partial 1
+            first = self.phase1.partials(sketches[:, :1], "embed_sketches")[:, 0]  # phase-1 embedding of partial 1
         h = torch.tanh(self.h0_proj(first))
         return h if self.cfg.core == "rnn" else (h, torch.zeros_like(h))
 
@@ -743,8 +870,7 @@ class DARP(SketchRetrievalMethod):
         T = S * cfg.glimpses_per_step
         partials = None  # the phase-1 embedding of every partial, (B, S, D), when something reads it
         if self.context_proj is not None or cfg.embedding == "residual":
-            with torch.no_grad():
-                partials = self.phase1.net.embed_sketches(sketches)
+            partials = self.phase1.partials(sketches, "embed_sketches")
         state = self.initial_state(sketches, None if partials is None else partials[:, 0])
         loc = sketches.new_zeros(B, 2)  # v_0: the centre
         if cfg.locator == "raster":
@@ -993,6 +1119,9 @@ class PolicyConfig:
     ppo_clip: float = 0.2
     ppo_memory: int = 8  # batches of experience kept in the replay memory
     value_weight: float = 0.5
+    # the frozen phase-1 features of every partial of the splits computed once (on_fit_start) and read by content
+    # (false: recomputed at every step)
+    phase1_cache: bool = True
     select_on: str = "auir"
 
 
@@ -1003,6 +1132,7 @@ class EmbeddingPolicy(SketchRetrievalMethod):
     partial-sketch embeddings towards ranking their photo first."""
 
     Config = PolicyConfig
+    phase1_output = "sketch_features"
 
     def __init__(self, cfg: PolicyConfig, info: DataInfo, phase1: Phase1) -> None:
         super().__init__()
@@ -1075,8 +1205,8 @@ class EmbeddingPolicy(SketchRetrievalMethod):
     _load_from_state_dict = _extra_state_optional(nn.Module._load_from_state_dict)
 
     def _state(self, sketches: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        feats = self.phase1.partials(sketches, "sketch_features")  # (B, S, c), frozen
         with torch.no_grad():
-            feats = self.phase1.net.sketch_features(sketches)  # (B, S, c), frozen
             base = self.phase1.net.sketch_net.embed(feats)  # the triplet network's embedding
         return (self.rnn(feats)[0] if self.rnn is not None else feats), base, feats
 

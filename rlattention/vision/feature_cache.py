@@ -72,15 +72,16 @@ def fingerprints(x: Tensor) -> tuple[Tensor, Tensor]:
     flat = x.reshape(B, -1)
     n = flat.shape[1]
     w1, w2, mix = _weights(n, x.device)
-    if flat.dtype == torch.uint8:
-        q = flat.float()
-        exact = torch.ones(B, dtype=torch.bool, device=x.device)
-    else:
-        sample = flat[:, ::61].float() * 255.0
-        exact = (sample - sample.round()).abs().amax(dim=1) <= 1e-3
-        q = torch.mul(flat, 255.0).round_()
-    L = w1.shape[0]
-    blocks = (q.view(B * (n // L), L) @ w1).view(B, n // L, _COLUMNS).long()  # exact integers < 2^24
+    with torch.autocast(x.device.type, enabled=False):  # a bf16 / fp16 matmul would round the exact sums
+        if flat.dtype == torch.uint8:
+            q = flat.float()
+            exact = torch.ones(B, dtype=torch.bool, device=x.device)
+        else:
+            sample = flat[:, ::61].float() * 255.0
+            exact = (sample - sample.round()).abs().amax(dim=1) <= 1e-3
+            q = torch.mul(flat.float(), 255.0).round_()
+        L = w1.shape[0]
+        blocks = (q.view(B * (n // L), L) @ w1).view(B, n // L, _COLUMNS).long()  # exact integers < 2^24
     return ((blocks * w2).sum(dim=1) * mix).sum(dim=1), exact  # wraps modulo 2^64
 
 

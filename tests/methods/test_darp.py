@@ -535,3 +535,127 @@ def test_residual_embedding_starts_at_phase1_and_the_glimpses_then_correct_it(ph
     assert not torch.allclose(at_centre, elsewhere, atol=1e-5)
     with pytest.raises(ValueError, match="model.embedding"):
         DARP.from_config(DARPConfig(**small_darp(phase1, embedding="sum")), info)
+
+
+def _phase2(phase1: Path, method: str, cache: bool, **kw) -> torch.nn.Module:
+    info = DataInfo((S + 3, SIDE, SIDE), PHOTOS)
+    if method == "darp":
+        return DARP.from_config(DARPConfig(**small_darp(phase1, phase1_cache=cache, **kw)), info)
+    return EmbeddingPolicy.from_config(PolicyConfig(phase1=str(phase1), phase1_cache=cache, **kw), info)
+
+
+def _count_sketch_renders(model: torch.nn.Module) -> list[int]:
+    """A running count of the renders the phase-1 sketch CNN processes (a hook on its first convolution)."""
+    conv = next(m for m in model.phase1.net.sketch_net.modules() if isinstance(m, torch.nn.Conv2d))
+    seen = [0]
+    conv.register_forward_hook(lambda _m, args, _out: seen.__setitem__(0, seen[0] + len(args[0])))
+    return seen
+
+
+MEMO_CASES = [
+    ("darp", {"augment_degrees": 0.0}),
+    ("darp", {"augment_degrees": 0.0, "embedding": "residual", "context": True}),
+    ("darp", {"augment_degrees": 0.0, "episode": "continuous"}),
+    ("darp_policy", {"hidden_size": 16}),
+    ("darp_policy", {"hidden_size": 16, "algorithm": "ppo", "recurrent": True}),
+]
+
+
+@pytest.mark.parametrize(("method", "model"), MEMO_CASES, ids=["darp", "residual_context", "continuous", "rl", "ppo"])
+def test_phase1_memo_changes_no_loss_or_prediction(phase1, method, model):
+    """The same weights and seed give the same training losses and predictions with the memo of the phase-1
+    outputs (read, not recomputed) as with model.phase1_cache=false."""
+    splits = synthetic_splits()
+    torch.manual_seed(0)
+    memo, direct = _phase2(phase1, method, True, **model), _phase2(phase1, method, False, **model)
+    direct.load_state_dict(memo.state_dict())
+    for m in (memo, direct):
+        m.on_fit_start(splits)
+    assert not direct.phase1.memos and len(memo.phase1.memos) == 1
+    images, targets = splits.train.images[:8].float() / 255, splits.train.targets[:8]
+    test = splits.test.images[:4].float() / 255
+    outs = []
+    for m in (memo, direct):
+        torch.manual_seed(1)
+        step = [m(images, targets) for _ in range(2)]  # (PPO: the second step replays the first's memory)
+        outs.append((step, m.eval().predict(test)))
+    (steps_m, pred_m), (steps_d, pred_d) = outs
+    for a, b in zip(steps_m, steps_d, strict=True):
+        assert torch.allclose(a.loss, b.loss, atol=1e-6)
+        assert all(torch.allclose(a.terms[k], b.terms[k], atol=1e-6) for k in b.terms)
+    assert torch.allclose(pred_m, pred_d, atol=1e-6)
+    (table,) = memo.phase1.memos.values()
+    assert table.misses == 0 and table.hits > 0  # every phase-1 output of the memo's model was read
+
+
+@pytest.mark.parametrize("method", ["darp", "darp_policy"])
+def test_phase1_memo_computes_each_partial_once_and_rotations_always(phase1, method):
+    """on_fit_start runs the phase-1 sketch CNN once per distinct partial of the splits; then unaugmented training
+    and evaluation run it on nothing, and a rotated (not 8-bit exact) partial is computed, not read or stored."""
+    from rlattention.data.base import DataSplits
+
+    base = synthetic_splits()
+    repeated = ArrayDataset(base.train.images[:8].clone(), base.train.targets[:8].clone())  # partials seen in train
+    splits = DataSplits(base.train, repeated, base.test, base.num_classes, name=base.name)
+    model = _phase2(phase1, method, True, **({"augment_degrees": 0.0} if method == "darp" else {"hidden_size": 16}))
+    count = _count_sketch_renders(model)
+    model.on_fit_start(splits)
+    every = torch.cat([s.images[:, :S].flatten(0, 1).flatten(1) for s in (splits.train, splits.val, splits.test)])
+    distinct = len(torch.unique(every, dim=0))
+    (table,) = model.phase1.memos.values()
+    assert count[0] == len(table) == distinct == len(every) - 8 * S  # the repeated partials: computed once
+    count[0] = 0
+    model(splits.train.images[:8].float() / 255, splits.train.targets[:8]).loss.backward()
+    model.eval().predict(splits.val.images[:4].float() / 255)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # mixed precision: the keys stay exact, the memo serves
+        model.phase1.partials(splits.test.images[:4, :S].float() / 255, model.phase1_output)
+    assert count[0] == 0
+    from rlattention.vision.transforms import random_rotate_flip
+
+    sketches = splits.train.images[:4, :S].float() / 255
+    rotated, _ = random_rotate_flip(sketches, 10.0, generator=torch.Generator().manual_seed(0))
+    got = model.phase1.partials(rotated, model.phase1_output)
+    assert count[0] == 4 * S and len(table) == distinct and table.misses == 4 * S
+    assert torch.allclose(got, getattr(model.phase1.net, model.phase1_output)(rotated), atol=1e-6)
+    near = sketches.clone()  # off the 8-bit grid by 0.3 of a level, at a pixel that fingerprints does not sample
+    near.view(4, S, -1)[:, :, 1] += 0.3 / 255
+    count[0] = 0
+    got = model.phase1.partials(near, model.phase1_output)
+    assert count[0] == 4 * S and len(table) == distinct
+    assert torch.allclose(got, getattr(model.phase1.net, model.phase1_output)(near), atol=1e-6)
+    if method == "darp":  # the training step's own rotation (model.augment_degrees) is computed the same way
+        model.cfg.augment_degrees = 10.0
+        count[0] = 0
+        model.train()(splits.train.images[:4].float() / 255, splits.train.targets[:4])
+        assert count[0] == 4 * S and len(table) == distinct
+        rotating = _phase2(phase1, method, True)  # built with augment_degrees > 0: its training partials are left out
+        rotating.on_fit_start(splits)
+        evaluated = torch.cat([s.images[:, :S].flatten(0, 1).flatten(1) for s in (splits.val, splits.test)])
+        assert len(rotating.phase1.memos["embed_sketches"]) == len(torch.unique(evaluated, dim=0)) < distinct
+
+
+def test_phase1_memo_is_not_saved_and_is_dropped_with_other_phase1_weights(phase1):
+    """The memo is in no state_dict (a model without it loads the state strictly, and vice versa); loading other
+    phase-1 weights drops it, loading the same keeps it; a dtype change is followed."""
+    splits = synthetic_splits()
+    torch.manual_seed(0)
+    memo, direct = _phase2(phase1, "darp", True), _phase2(phase1, "darp", False)
+    memo.on_fit_start(splits)
+    state = memo.state_dict()
+    assert state.keys() == direct.state_dict().keys()
+    assert not any("memo" in k for k in state)
+    direct.load_state_dict(state)  # strict both ways: a checkpoint from before the memo loads
+    memo.load_state_dict(direct.state_dict())
+    assert len(memo.phase1.memos) == 1  # the same phase-1 weights: kept
+    images = splits.test.images[:4].float() / 255
+    assert torch.allclose(memo.eval().predict(images), direct.eval().predict(images), atol=1e-6)
+    other = {k: v + 0.01 if k.startswith("phase1.net.sketch_net.") and v.is_floating_point() else v
+             for k, v in state.items()}  # fmt: skip
+    memo.load_state_dict(other)
+    direct.load_state_dict(other)
+    assert not memo.phase1.memos  # stale: dropped, the new weights compute
+    assert torch.allclose(memo.predict(images), direct.predict(images), atol=1e-6)
+    memo.on_fit_start(splits)
+    memo.double()
+    direct.double()
+    assert torch.allclose(memo.predict(images.double()), direct.predict(images.double()), atol=1e-5)

@@ -48,6 +48,17 @@ def test_fingerprints_are_exact_and_independent_of_the_batch():
     assert fingerprints(off)[1].tolist() == [i != 2 for i in range(10)]
 
 
+def test_fingerprints_do_not_change_under_autocast_or_in_low_precision():
+    """Mixed-precision training must find the features cached in float32 (a bf16 matmul rounds the sums)."""
+    x = _images(6, size=48)
+    keys = fingerprints(x)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(fingerprints(x.float() / 255.0)[0], keys)
+        assert torch.equal(fingerprints(x)[0], keys)
+    half = (x.float() / 255.0).half()  # 8-bit values survive fp16 exactly enough to round back
+    assert torch.equal(fingerprints(half)[0], keys)
+
+
 def test_second_pass_computes_nothing_and_equals_the_network(tmp_path):
     net = Counting()
     cache = FeatureCache(net, net, "counting", dtype=torch.float32)
