@@ -4,10 +4,11 @@ network of DARP on each backbone: from scratch (today's network) and ImageNet-pr
 
     python benchmarks/sbir_backbones.py --data-dir ../shared/data/qmul_chairv2 --seeds 0 1 2
 
-Every row trains ``darp_triplet`` (complete sketch as anchor, its photo, another photo of the batch; triplet loss)
-and is selected on validation acc@5. The Lite rows keep the backbone frozen (its features of every render and photo,
-and of their mirror images, computed once and read from the cache: the seeds share them) or fine-tune its last
-units on cached inputs, as each row says. Metrics: acc@1 / acc@5 / acc@10 of the complete sketch, in percent.
+Every row trains ``darp_triplet`` and is selected on validation only: the Lite rows by cross-validation over the
+training photos (recipe and epoch count, ``sbir_recipes.py --protocol cv``; then trained on all of them, last
+epoch), the others by the best checkpoint on 30 validation photos. The Lite rows keep the backbone frozen (its
+features of every render and photo, and of their mirror images, computed once and read from the cache: the seeds
+share them). Metrics: acc@1 / acc@5 / acc@10 of the complete sketch, in percent.
 """
 
 from __future__ import annotations
@@ -142,8 +143,9 @@ if __name__ == "__main__":
             STUDY,
             ROWS,
             metrics,
-            "Complete-sketch retrieval on QMUL-Chair-V2 test (323 sketches x 100 photos), darp_triplet per backbone, "
-            "selected on validation acc@5; percent",
+            "Complete-sketch retrieval on QMUL-Chair-V2 test (323 sketches x 100 photos), darp_triplet per backbone; "
+            "Lite rows: recipe and epoch count chosen by 5-fold cross-validation over the training photos (test not "
+            "read), last epoch; scratch and the variants: best checkpoint on 30 validation photos; percent",
             sys.argv[1:],
             extra_md=cache_note,
             primary="acc@5",
