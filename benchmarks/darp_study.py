@@ -52,6 +52,17 @@ def rows(dataset: str) -> list[Row]:
                 ("raster", ["model.locator=raster"], "raster, residual embedding"),
                 ("random", ["model.locator=random"], "random locations, residual embedding"),
                 ("darp", [], "DARP, residual embedding"),
+                (
+                    "raster_infonce",
+                    ["model.locator=raster", "model.supervised=infonce"],
+                    "raster, residual embedding, InfoNCE supervision over the training gallery",
+                ),
+                (
+                    "random_infonce",
+                    ["model.locator=random", "model.supervised=infonce"],
+                    "random locations, residual embedding, InfoNCE supervision",
+                ),
+                ("darp_infonce", ["model.supervised=infonce"], "DARP, residual embedding, InfoNCE supervision"),
             )
         ),
     ]

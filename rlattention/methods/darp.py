@@ -692,6 +692,11 @@ class DARPConfig:
     gamma: float = 0.9  # discount of eq. 6
     baseline: bool = False  # learned baseline b(h_t) (off in the paper)
     supervised_weight: float = 1.0
+    # the supervised term: mse: ||a_t - e_i||^2 (eq. 7, the paper) | infonce (not in the paper): cross-entropy of
+    # a softmax over the training gallery of cos(a_t, e_j) / supervised_temperature, the true photo the target (a
+    # ranking loss: what retrieval measures)
+    supervised: str = "mse"
+    supervised_temperature: float = 0.1
     reinforce_weight: float = 1.0
     # bootstrapped-DQN locator
     grid: int = 8  # locations = centres of a grid x grid partition
@@ -731,6 +736,7 @@ class DARP(SketchRetrievalMethod):
             ("eval_ensemble", cfg.eval_ensemble, ("locations", "embeddings")),
             ("locator_init", cfg.locator_init, ("centre", "spread")),
             ("embedding", cfg.embedding, ("direct", "residual")),
+            ("supervised", cfg.supervised, ("mse", "infonce")),
         ):
             if value not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -746,6 +752,7 @@ class DARP(SketchRetrievalMethod):
             ("eval_head", cfg.eval_head, -1 <= cfg.eval_head < cfg.num_heads, f"in -1..{cfg.num_heads - 1}"),
             ("locator_radius", cfg.locator_radius, 0.0 <= cfg.locator_radius < 1.0, "in [0, 1)"),
             ("importance_clip", cfg.importance_clip, cfg.importance_clip >= 1.0, ">= 1"),
+            ("supervised_temperature", cfg.supervised_temperature, cfg.supervised_temperature > 0, "> 0"),
         ):
             if not ok:
                 raise ValueError(f"model.{name} must be {what}, got {value}")
@@ -947,11 +954,15 @@ class DARP(SketchRetrievalMethod):
         n_per = a.shape[0] // targets.shape[0]  # episodes per sketch (S with per-partial episodes)
         targets = targets.repeat_interleave(n_per)
         e = self.phase1.gallery[targets]  # e_i, (N, D)
-        supervised = (a - e[:, None]).pow(2).sum(-1).mean()  # ||a_t - e_i||^2
         rows = self.train_row[targets]
         if rows.device.type == "cpu" and bool((rows < 0).any()):  # (not checked on accelerators: a host sync)
             raise ValueError("a training item's photo is not in the training gallery (on_fit_start not called?)")
         gallery = training_gallery(self)
+        if cfg.supervised == "mse":
+            supervised = (a - e[:, None]).pow(2).sum(-1).mean()  # ||a_t - e_i||^2
+        else:  # the true photo against every training photo, at every glimpse
+            logits = F.normalize(a, dim=-1) @ gallery.T / cfg.supervised_temperature  # (N, T, G)
+            supervised = F.cross_entropy(logits.flatten(0, 1), rows.repeat_interleave(a.shape[1]))
         ranks = true_ranks(a.detach(), gallery, rows)  # (N, T), ties count against
         if cfg.eta_schedule == "paper":
             eta = torch.sigmoid(self.step_count.float() * cfg.eta_alpha - cfg.eta_beta)  # eq. 5, no host sync
