@@ -103,8 +103,10 @@ def summarise(
     out: Path,
     extra_md: str = "",
     primary: str | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
 ) -> dict:
-    """``summary.json`` and ``summary.md`` from the records (rows in the order of ``rows``; seeds sorted)."""
+    """``summary.json`` and ``summary.md`` from the records (rows in the order of ``rows``; seeds sorted). An issue
+    row missing some of ``seeds`` (or missing altogether) makes the description say PARTIAL and which."""
     doc_rows, lines = [], []
     keys: list[str] = []
     for row in rows:
@@ -130,6 +132,15 @@ def summarise(
                 **({"selection": row.selection} if row.selection else {}),
             }
         )
+    short = []
+    for row in rows:
+        if not row.issue_row:
+            continue
+        have = {r["seed"] for r in records if r["row"] == row.name}
+        if not set(seeds) <= have:
+            short.append(f"{row.name} ({len(have & set(seeds))} of {len(seeds)} seeds)")
+    if short:
+        description += "; PARTIAL, not yet run to its budget: " + ", ".join(short)
     doc = {
         "study": study,
         "description": description,
@@ -209,9 +220,9 @@ def main(
                     f.write(json.dumps(rec) + "\n")
                 print(f"[{study}] {row.name} seed {seed}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
-    doc = summarise(study, rows, records, metrics, description, command, out, primary=primary)
+    doc = summarise(study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds)
     if extra_md is not None:
-        summarise(study, rows, records, metrics, description, command, out, extra_md(doc), primary)
+        summarise(study, rows, records, metrics, description, command, out, extra_md(doc), primary, default_seeds)
     print((out / "summary.md").read_text())
     return 0
 
