@@ -1,5 +1,5 @@
 """Study ``sbir_backbones``: complete-sketch -> photo retrieval on QMUL-Chair-V2 (test: 323 sketches against 100
-photos; validation: 30 training photos and their sketches, carved from train by photo) with the phase-1 triplet
+photos; validation carved from the training photos, as below) with the phase-1 triplet
 network of DARP on each backbone: from scratch (today's network) and ImageNet-pretrained EfficientNet-Lite0/1/2.
 
     python benchmarks/sbir_backbones.py --data-dir ../shared/data/qmul_chairv2 --seeds 0 1 2
