@@ -36,6 +36,9 @@ class OptimConfig:
     step_epochs: int = 30  # step schedule: decay every this many epochs
     step_gamma: float = 0.1
     warmup_steps: int = 0
+    # learning-rate multipliers by parameter-name prefix (the longest matching prefix wins), e.g. {locator: 10}:
+    # the locator's parameters at 10 x lr. Every prefix must name some parameter of the model.
+    lr_scale: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,8 +170,11 @@ def build_config(raw: dict, overrides: dict | None = None, source: str = "config
     except OmegaConfBaseException as e:
         raise _explain(e, schema, source) from None
     for key, value in overrides.items():
+        parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else None
+        # a key of a free mapping (a dict-typed field such as optim.lr_scale) may be new; the value type is checked
+        free = isinstance(parent, DictConfig) and OmegaConf.get_type(parent) is dict
         try:
-            OmegaConf.update(cfg, key, value, merge=True, force_add=False)
+            OmegaConf.update(cfg, key, value, merge=True, force_add=free)
         except OmegaConfBaseException as e:
             raise _explain(e, schema, f"override {key}={value!r}") from None
     if not isinstance(cfg.model, DictConfig):  # ``model`` is typed Any in ExperimentConfig: check it here

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import torch
 import yaml
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+from torch import nn
 from tqdm.auto import tqdm
 
 from rlattention.data.base import ArrayDataset, DataSplits
@@ -61,7 +63,34 @@ class Progress:
         self.__dict__.update(d)
 
 
+def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:
+    """Parameter groups of ``optim.lr_scale``: each parameter at ``lr`` times the multiplier of the longest
+    prefix of its name (``locator`` matches ``locator.fc.weight``, not ``locators.x``), 1 without one."""
+    named = list(named)
+    scales = dict(cfg.lr_scale or {})
+    for prefix, scale in scales.items():
+        if not scale > 0:
+            raise ValueError(f"optim.lr_scale.{prefix} must be > 0, got {scale}")
+        if not any(n == prefix or n.startswith(prefix + ".") for n, _ in named):
+            tops = sorted({n.split(".")[0] for n, _ in named})
+            raise ValueError(f"optim.lr_scale.{prefix}: no parameter of the model is named so; top-level: {tops}")
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name, p in named:
+        match = [k for k in scales if name == k or name.startswith(k + ".")]
+        groups.setdefault(scales[max(match, key=len)] if match else 1.0, []).append(p)
+    order = sorted(groups, key=lambda scale: (scale != 1.0, scale))  # the plain lr first: train/lr logs group 0
+    return [{"params": groups[scale], "lr": cfg.lr * scale} for scale in order]
+
+
 def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimiser of ``optim``; ``params``: parameters, or ``(name, parameter)`` pairs (needed by
+    ``optim.lr_scale``)."""
+    params = list(params)
+    named = bool(params) and isinstance(params[0], tuple)
+    if cfg.lr_scale and not named:
+        raise ValueError("optim.lr_scale needs named parameters (pass model.named_parameters())")
+    if named:
+        params = param_groups(params, cfg)
     if cfg.name == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.name == "sgd":
@@ -498,7 +527,7 @@ def fit(
     if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
         options = method_cls.cpu_compile_options if fabric.device.type == "cpu" else {}
         model.compile(options=dict(options) or None)
-    optimizer = make_optimizer(model.parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
+    optimizer = make_optimizer(model.named_parameters(), cfg.optim)  # frozen parameters get no gradient: not stepped
     loader = BatchLoader(
         splits.train,
         tc.batch_size,

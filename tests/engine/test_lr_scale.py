@@ -1,0 +1,58 @@
+"""``optim.lr_scale``: learning-rate multipliers by parameter-name prefix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from rlattention.engine.config import ConfigError, OptimConfig, load_config
+from rlattention.engine.trainer import make_optimizer
+
+
+def _net() -> nn.Module:
+    net = nn.Module()
+    net.core = nn.Linear(3, 3)
+    net.locator = nn.Linear(3, 2)
+    net.locators = nn.Linear(3, 2)  # shares a prefix of letters, not of modules
+    return net
+
+
+def test_the_named_module_steps_at_its_own_rate():
+    net = _net()
+    opt = make_optimizer(
+        net.named_parameters(), OptimConfig(name="sgd", lr=0.1, momentum=0.0, lr_scale={"locator": 10})
+    )
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    moved = {n: float((before[n] - p.detach()).abs().max()) for n, p in net.named_parameters()}
+    assert moved["locator.weight"] == pytest.approx(1.0)  # 10 x 0.1 x 1
+    assert moved["locators.weight"] == pytest.approx(0.1)
+    assert moved["core.weight"] == pytest.approx(0.1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)  # the plain rate first (train/lr logs group 0)
+
+
+def test_longest_prefix_wins():
+    net = nn.Module()
+    net.a = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    opt = make_optimizer(net.named_parameters(), OptimConfig(lr=1.0, lr_scale={"a": 2, "a.1": 5}))
+    rates = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    assert rates[id(net.a[0].weight)] == 2.0 and rates[id(net.a[1].bias)] == 5.0
+
+
+def test_bad_prefix_or_scale_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"optim.lr_scale.locatr: no parameter.*'core'"):
+        make_optimizer(_net().named_parameters(), OptimConfig(lr_scale={"locatr": 10}))
+    with pytest.raises(ValueError, match=r"optim.lr_scale.locator must be > 0, got 0"):
+        make_optimizer(_net().named_parameters(), OptimConfig(lr_scale={"locator": 0}))
+    with pytest.raises(ValueError, match="needs named parameters"):
+        make_optimizer(_net().parameters(), OptimConfig(lr_scale={"locator": 10}))
+
+
+def test_from_the_command_line():
+    cfg = load_config("configs/darp_omniglot.yaml", ["optim.lr_scale.locator=10"])
+    assert dict(cfg.optim.lr_scale) == {"locator": 10.0}
+    with pytest.raises(ConfigError):
+        load_config("configs/darp_omniglot.yaml", ["optim.lr_scale.locator=fast"])
