@@ -88,7 +88,19 @@ def _schema(method: str) -> DictConfig:
     base = OmegaConf.structured(ExperimentConfig)
     base.model = OmegaConf.structured(cls.Config)
     OmegaConf.set_struct(base, True)
+    _free_mappings(base)
     return base
+
+
+def _free_mappings(node: DictConfig) -> None:
+    """Dict-typed fields (such as ``optim.lr_scale``) take new keys; their values are still type-checked."""
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if OmegaConf.get_type(child) is dict:
+                OmegaConf.set_struct(child, False)
+            else:
+                _free_mappings(child)
 
 
 def _valid_keys(schema: DictConfig, dotted: str) -> tuple[str, list[str]]:
@@ -170,11 +182,8 @@ def build_config(raw: dict, overrides: dict | None = None, source: str = "config
     except OmegaConfBaseException as e:
         raise _explain(e, schema, source) from None
     for key, value in overrides.items():
-        parent = OmegaConf.select(cfg, key.rpartition(".")[0]) if "." in key else None
-        # a key of a free mapping (a dict-typed field such as optim.lr_scale) may be new; the value type is checked
-        free = isinstance(parent, DictConfig) and OmegaConf.get_type(parent) is dict
         try:
-            OmegaConf.update(cfg, key, value, merge=True, force_add=free)
+            OmegaConf.update(cfg, key, value, merge=True, force_add=False)
         except OmegaConfBaseException as e:
             raise _explain(e, schema, f"override {key}={value!r}") from None
     if not isinstance(cfg.model, DictConfig):  # ``model`` is typed Any in ExperimentConfig: check it here

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
-from rlattention.engine.config import ConfigError, OptimConfig, load_config
+from rlattention.engine.config import ConfigError, OptimConfig, from_dict, load_config, to_dict
 from rlattention.engine.trainer import make_optimizer
 
 
@@ -56,3 +58,14 @@ def test_from_the_command_line():
     assert dict(cfg.optim.lr_scale) == {"locator": 10.0}
     with pytest.raises(ConfigError):
         load_config("configs/darp_omniglot.yaml", ["optim.lr_scale.locator=fast"])
+
+
+def test_from_a_file_and_a_checkpoints_config(tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "base: " + str(Path("configs/darp_omniglot.yaml").resolve()) + "\noptim:\n  lr_scale:\n    locator: 3\n"
+    )
+    cfg = load_config(str(tmp_path / "c.yaml"), [])
+    assert dict(cfg.optim.lr_scale) == {"locator": 3.0}
+    assert dict(from_dict(to_dict(cfg)).optim.lr_scale) == {"locator": 3.0}  # what a checkpoint stores, read back
+    with pytest.raises(ConfigError):  # the other sections still refuse unknown keys
+        load_config("configs/darp_omniglot.yaml", ["optim.lr_scal.locator=3"])
