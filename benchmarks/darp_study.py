@@ -23,6 +23,12 @@ import sys
 from study import Row, main
 
 PHASE1 = "model.phase1={work}/triplet_s{seed}/phase1.safetensors"
+G4 = [
+    "model.glimpses_per_step=4",
+    "model.embedding=residual",
+    "model.supervised=infonce",
+    "model.augment_degrees=0",
+]
 
 
 def rows(dataset: str) -> list[Row]:
@@ -63,6 +69,17 @@ def rows(dataset: str) -> list[Row]:
                     "random locations, residual embedding, InfoNCE supervision",
                 ),
                 ("darp_infonce", ["model.supervised=infonce"], "DARP, residual embedding, InfoNCE supervision"),
+            )
+        ),
+        # variants: 4 glimpses per partial (where they land matters more than with 12), residual embedding, InfoNCE
+        # supervision, no rotation; `blank`: the same network whose glimpses read zeros (no visual attention)
+        *(
+            Row(f"{name}_g4", cfg.format(""), [*glimpses, *G4, *extra], f"{note}, 4 glimpses per partial", False)
+            for name, extra, note in (
+                ("raster", ["model.locator=raster"], "2x2 raster"),
+                ("random", ["model.locator=random"], "random locations"),
+                ("blank", ["model.locator=raster", "model.glimpse_content=blank"], "glimpses read zeros"),
+                ("darp", [], "DARP"),
             )
         ),
     ]

@@ -658,6 +658,10 @@ class DARPConfig:
     # partial's phase-1 embedding, first glimpse at the centre), as the authors' released code | continuous: one
     # episode per sketch, the state running across all S partials (h0 from partial 1)
     episode: str = "per_partial"
+    # image: glimpses read the sketch | blank (a control, not in the paper): every glimpse reads zeros, so phase 2
+    # has only the phase-1 embedding of the partial (h0, the residual) and the locations: the same network without
+    # visual attention, what the glimpses add is measured against it
+    glimpse_content: str = "image"
     context: bool = False  # (not in the paper) also feed the phase-1 embedding of the current partial into g_t
     # direct: a_t = ACTN(h_t) (the paper) | residual (not in the paper): a_t = e_s + ACTN(h_t), the phase-1
     # embedding of the current partial plus a correction from the glimpses, whose last layer starts at zero (so an
@@ -737,6 +741,7 @@ class DARP(SketchRetrievalMethod):
             ("locator_init", cfg.locator_init, ("centre", "spread")),
             ("embedding", cfg.embedding, ("direct", "residual")),
             ("supervised", cfg.supervised, ("mse", "infonce")),
+            ("glimpse_content", cfg.glimpse_content, ("image", "blank")),
         ):
             if value not in allowed:
                 raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -904,7 +909,10 @@ class DARP(SketchRetrievalMethod):
                 context = self.context_proj(partials[:, s])
             for _ in range(cfg.glimpses_per_step):
                 locs.append(loc)
-                g_t = self.glimpse(self.sensor.extract(prepared, loc, sketches.dtype), loc)  # g_t
+                patches = self.sensor.extract(prepared, loc, sketches.dtype)
+                if cfg.glimpse_content == "blank":
+                    patches = torch.zeros_like(patches)
+                g_t = self.glimpse(patches, loc)  # g_t
                 if context is not None:
                     g_t = F.relu(g_t + context)
                 h, state = self.core(g_t, state)  # h_t = RNN(h_{t-1}, g_t)

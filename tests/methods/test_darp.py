@@ -538,6 +538,26 @@ def test_residual_embedding_starts_at_phase1_and_the_glimpses_then_correct_it(ph
         DARP.from_config(DARPConfig(**small_darp(phase1, embedding="sum")), info)
 
 
+def test_blank_glimpses_see_nothing_but_the_phase1_embedding(phase1):
+    """``glimpse_content=blank`` (the no-attention control): two sketches with the same phase-1 embedding get the
+    same phase-2 embedding whatever their pixels, while reading the glimpses (the default) tells them apart."""
+    splits = synthetic_splits()
+    info = DataInfo(splits.image_shape, splits.num_classes)
+    sketch = splits.test.images[:2, :1].float() / 255
+    other = sketch.flip(-1)  # different pixels under the glimpses
+    torch.manual_seed(0)
+    image = DARP.from_config(DARPConfig(**small_darp(phase1, h0="zeros")), info).eval()
+    torch.manual_seed(0)
+    blank = DARP.from_config(DARPConfig(**small_darp(phase1, h0="zeros", glimpse_content="blank")), info).eval()
+    blank.load_state_dict(image.state_dict())  # the same weights: only what the glimpses read differs
+    a, b = (image.episode(x, deterministic=True)["embedding"] for x in (sketch, other))
+    assert not torch.allclose(a, b, atol=1e-5)
+    a, b = (blank.episode(x, deterministic=True)["embedding"] for x in (sketch, other))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="model.glimpse_content"):
+        DARP.from_config(DARPConfig(**small_darp(phase1, glimpse_content="noise")), info)
+
+
 def _phase2(phase1: Path, method: str, cache: bool, **kw) -> torch.nn.Module:
     info = DataInfo((S + 3, SIDE, SIDE), PHOTOS)
     if method == "darp":
