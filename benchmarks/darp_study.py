@@ -80,6 +80,7 @@ def rows(dataset: str) -> list[Row]:
                 ("random", ["model.locator=random"], "random locations"),
                 ("blank", ["model.locator=raster", "model.glimpse_content=blank"], "glimpses read zeros"),
                 ("darp", [], "DARP"),
+                ("darp_loc10", ["optim.lr_scale.locator=10"], "DARP, locator at 10 x lr"),
             )
         ),
     ]
