@@ -10,11 +10,23 @@ Model (section 3): region features -> linear -> GCN reasoning over the fully con
 affinities R(F_i, F_j) = phi(F_i)^T psi(F_j) (eq. 1, VSRN) -> I^1..I^T; words -> 300-d embedding -> linear to the
 joint width. For each modality a :class:`~rlattention.rl.discrete_continuous.DiscreteContinuousPolicy`
 produces the attention Att (eqs. 2-5); fusion I_A = I * (lambda Att), I_E = GRU(I_A)^T + mean_t I_A (eqs. 11-12),
-L2-normalised. Losses (eq. 13): VSE++ hinge triplet with the hardest in-batch negatives (eq. 14), instance
-loss (cross-entropy over training image ids, classifier shared by both modalities), text decoding (a causal
-convolutional caption decoder shared by the image and text branches), and the discrete and continuous policy
-gradients of both modalities (eqs. 7-8) with the in-batch R@1 + AP reward (eq. 9) and optionally the
-leave-one-out baseline beta * mean of the other rewards (eq. 10).
+L2-normalised. By default the sampled bin a_s drives the forward pass (``estimator: straight_through``) and the
+bins span Att in (0, 1) (``bin_map: logit``); see the policy's module for the paper's printed forms. Losses
+(eq. 13): VSE++ hinge triplet with the hardest in-batch negatives (eq. 14), instance loss (cross-entropy over
+training image ids, classifier shared by both modalities), text decoding (a causal convolutional caption decoder
+shared by the image and text branches), and the discrete and continuous policy gradients of both modalities
+(eqs. 7-8) with the in-batch R@1 + AP reward (eq. 9) and optionally the leave-one-out baseline beta * mean of the
+other rewards (eq. 10).
+
+Scale of the fused features, the same in every row of the ablation: the features enter the fusion multiplied by
+lambda * Att (eqs. 11-12), so the triplet loss of a policy row sees features of scale lambda * E[Att]. The rows
+without a policy (``pg: none``) use the constant Att = ``fixed_attention``, by default the mean attention of a
+uniform policy over the bins (0.5 with ``bin_map: logit``, what the initial policy draws on average), so that
+their features have the same scale lambda / 2 instead of 1.
+
+Controls: ``noise_matched: true`` keeps the policies at their initial weights (frozen) and drops the
+policy-gradient terms: the attention is drawn in training from the initial policy's distribution (and is its
+mode at evaluation), which separates "attention noise as a regulariser" from "learned attention".
 
 Evaluation: mean actions (no sampling), BatchNorm-free networks in eval mode; a prediction is
 ``[I_E, T_E]`` per caption and :meth:`DCPG.metrics` ranks all captions against all images of the split.
@@ -28,6 +40,7 @@ and with it the vocabulary; without one, words are shown as ``#id``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,14 +56,22 @@ from rlattention.engine.registry import register_method
 from rlattention.metrics.retrieval import retrieval_metrics
 from rlattention.metrics.sketch import gallery_from_pairs
 from rlattention.rl import leave_one_out_baseline
-from rlattention.rl.discrete_continuous import DiscreteContinuousPolicy, dcpg_losses, in_batch_retrieval_reward
+from rlattention.rl.discrete_continuous import (
+    BIN_MAPS,
+    ESTIMATORS,
+    MU_GRADS,
+    DiscreteContinuousPolicy,
+    dcpg_losses,
+    in_batch_retrieval_reward,
+    mean_uniform_attention,
+)
 
 
 @dataclass
 class DCPGConfig:
     """The ``model:`` section of ``method: dcpg``. Paper sizes: embed_dim 2048, GRU 2048; ours default to CPU
     sizes. ``pg`` selects the attention: none (the baseline of Table 4) | discrete | continuous (one Gaussian)
-    | discrete_continuous (DCPG)."""
+    | discrete_continuous (DCPG). Bad values raise a ``ValueError`` naming the key."""
 
     embed_dim: int = 256  # joint embedding width (paper 2048)
     word_dim: int = 300
@@ -59,10 +80,19 @@ class DCPGConfig:
     heads: int = 2
     num_bins: int = 100  # n
     tau: float = 1.0  # Gumbel-softmax temperature
-    init_std: float | None = None  # start sigma of the continuous stage near this (None: PyTorch's default init)
+    init_std: float | None = 0.15  # sigma of the continuous stage starts at this, so that training's attention is
+    # close to evaluation's (z = mu); None: PyTorch's default init (sigma near softplus(0) = 0.69)
     pg_to_features: bool = False  # let the policy gradient reach the region/word encoders (false: policies read
     # detached features, so the REINFORCE noise trains only the policies)
-    estimator: str = "relaxed"  # relaxed | straight_through (how mu stays differentiable)
+    estimator: str = "straight_through"  # straight_through: the sampled bin a_s drives the forward pass (the
+    # paper's a_s); relaxed: the expected Gumbel-softmax bin does, and a_s only enters log a_g(a_s)
+    bin_map: str = "logit"  # logit: mu = logit((a_s + 1/2) / n), Att spans (0, 1); logistic: eq. 3 as printed,
+    # mu = logistic(a_s / n), Att within [0.62, 0.68]
+    mu_grad: str = "relaxed"  # relaxed: the continuous term reaches W_mu through the relaxed bin (straight-through
+    # Gumbel, the paper); none: W_mu learns from the discrete term only (unbiased; needs straight_through)
+    noise_matched: bool = False  # control: policies frozen at init, no policy-gradient terms
+    fixed_attention: float | None = None  # pg: none: the constant Att of the fusion; None: the mean attention of
+    # a uniform policy over the bins (0.5 with bin_map logit), the policy rows' scale
     lam: float = 20.0  # lambda of eqs. 11-12
     reward: str = "r1+ap"  # r1 | ap | r1+ap (eq. 9)
     pg_baseline: bool = False  # eq. 10
@@ -115,6 +145,49 @@ class CaptionDecoder(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=0)
 
 
+#: The version of the attention scheme saved with the weights (buffer ``attention_scheme``): 2 = the bins of
+#: ``bin_map`` and the ``fixed_attention`` scale of the no-policy rows; checkpoints without it are scheme 1.
+ATTENTION_SCHEME = 2
+
+
+def _check_config(cfg: DCPGConfig) -> None:
+    """A ``ValueError`` naming the key, the value and what was expected, for every bad ``model.*`` value."""
+    for name, value, allowed in (
+        ("pg", cfg.pg, ("none", "discrete", "continuous", "discrete_continuous")),
+        ("reward", cfg.reward, ("r1", "ap", "r1+ap")),
+        ("estimator", cfg.estimator, ESTIMATORS),
+        ("bin_map", cfg.bin_map, BIN_MAPS),
+        ("mu_grad", cfg.mu_grad, MU_GRADS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"model.{name} must be one of {', '.join(allowed)}, got {value!r}")
+    for name, value, ok, what in (
+        ("num_bins", cfg.num_bins, cfg.num_bins >= 2, ">= 2"),
+        ("tau", cfg.tau, cfg.tau > 0, "> 0"),
+        (
+            "init_std",
+            cfg.init_std,
+            cfg.init_std is None or cfg.init_std > 1e-3,
+            "> 0.001 (the policy's min_std) or null",
+        ),
+        (
+            "fixed_attention",
+            cfg.fixed_attention,
+            cfg.fixed_attention is None or 0 < cfg.fixed_attention <= 1,
+            "in (0, 1] or null",
+        ),
+    ):
+        if not ok:
+            raise ValueError(f"model.{name} must be {what}, got {value!r}")
+    if cfg.estimator == "relaxed" and cfg.mu_grad == "none":
+        raise ValueError(
+            "model.mu_grad='none' needs model.estimator='straight_through' (got 'relaxed'): the relaxed forward pass "
+            "ignores the sampled bin, so W_mu would learn only from zero-mean noise"
+        )
+    if cfg.noise_matched and cfg.pg == "none":
+        raise ValueError("model.noise_matched=true needs a policy (model.pg other than 'none'), got model.pg='none'")
+
+
 def hardest_negative_triplet(sims: Tensor, same: Tensor, margin: float) -> Tensor:
     """VSE++ (eq. 14): for each positive pair (i, i), the hardest caption and the hardest image in the batch
     that do not belong to the same image. sims ``(B, B)`` image x caption; same ``(B, B)`` bool."""
@@ -139,10 +212,7 @@ class DCPG(AttentionMethod):
 
     def __init__(self, cfg: DCPGConfig, info: DataInfo) -> None:
         super().__init__()
-        if cfg.pg not in ("none", "discrete", "continuous", "discrete_continuous"):
-            raise ValueError(f"model.pg must be none, discrete, continuous or discrete_continuous, got {cfg.pg!r}")
-        if cfg.reward not in ("r1", "ap", "r1+ap"):
-            raise ValueError(f"model.reward must be r1, ap or r1+ap, got {cfg.reward!r}")
+        _check_config(cfg)
         if cfg.lam <= 0 or cfg.margin < 0 or cfg.embed_dim < 1 or cfg.heads < 1:
             raise ValueError(
                 f"need model.lam > 0, model.margin >= 0, model.embed_dim >= 1, model.heads >= 1; got "
@@ -168,9 +238,21 @@ class DCPG(AttentionMethod):
             estimator=cfg.estimator,
             mode=mode,
             init_std=cfg.init_std,
+            bin_map=cfg.bin_map,
+            mu_grad=cfg.mu_grad,
         )
         self.image_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
         self.text_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
+        if cfg.noise_matched:  # the control: the initial policies, never trained
+            for policy_module in (self.image_policy, self.text_policy):
+                policy_module.requires_grad_(False)
+        # pg: none: the constant attention of the fusion (the policy rows' mean scale, see the module doc)
+        self.fixed_attention = (
+            cfg.fixed_attention
+            if cfg.fixed_attention is not None
+            else mean_uniform_attention(cfg.num_bins, cfg.bin_map)
+        )
+        self.register_buffer("attention_scheme", torch.tensor(ATTENTION_SCHEME))
         self.image_gru = nn.GRU(E, E, batch_first=True)  # GRU_gr^I
         self.text_gru = nn.GRU(E, E, batch_first=True)  # GRU_gr^T
         self.instance = nn.Linear(E, info.num_classes) if cfg.instance_weight > 0 else None
@@ -184,6 +266,16 @@ class DCPG(AttentionMethod):
 
     @classmethod
     def from_config(cls, cfg: DCPGConfig, info: DataInfo) -> DCPG:
+        return cls(cfg, info)
+
+    @classmethod
+    def from_checkpoint(cls, cfg: DCPGConfig, info: DataInfo, state: dict) -> DCPG:
+        """A checkpoint without ``attention_scheme`` was trained before ``bin_map`` and ``fixed_attention``
+        existed: with mu = logistic(a_s / n) and unscaled features in the ``pg: none`` rows. Its model is rebuilt
+        so (``state`` gets the marker, so that its weights load)."""
+        if "attention_scheme" not in state:
+            cfg = dataclasses.replace(cfg, bin_map="logistic", fixed_attention=1.0 / cfg.lam)
+            state["attention_scheme"] = torch.tensor(1)
         return cls(cfg, info)
 
     def _load_glove(self, path: str, info: DataInfo) -> None:
@@ -203,6 +295,8 @@ class DCPG(AttentionMethod):
         if policy is not None:
             out = policy(x if self.cfg.pg_to_features else x.detach(), mask, deterministic=deterministic)
             x = x * (self.cfg.lam * out.attention.unsqueeze(-1))  # I_A = I * (lambda Att)
+        else:  # no policy: the constant attention, so the features have the scale of the policy rows'
+            x = x * (self.cfg.lam * self.fixed_attention)
         if mask is None:
             h, _ = gru(x)
             last, mean = h[:, -1], x.mean(1)
@@ -242,7 +336,8 @@ class DCPG(AttentionMethod):
         if img_pg is not None:
             r_img = in_batch_retrieval_reward(sims, same, cfg.reward)  # image queries, captions as gallery
             r_txt = in_batch_retrieval_reward(sims.T, same.T, cfg.reward)  # caption queries
-            for name, out, r in (("image", img_pg, r_img), ("text", txt_pg, r_txt)):
+            pg_rows = () if cfg.noise_matched else (("image", img_pg, r_img), ("text", txt_pg, r_txt))
+            for name, out, r in pg_rows:  # the noise-matched control has no policy-gradient term (reward logged)
                 b = leave_one_out_baseline(r, cfg.baseline_beta) if cfg.pg_baseline else None  # eq. 10
                 l_d, l_c = dcpg_losses(out, r, b)
                 if cfg.pg in ("discrete", "discrete_continuous"):
@@ -419,8 +514,9 @@ def _feature_boxes(regions: np.ndarray, tol: float = 1e-3) -> np.ndarray | None:
 
 
 def _scale(weights: np.ndarray):
-    """A colour normalisation spanning ``weights`` (at least 1e-3 wide: deterministic DCPG attention
-    sigmoid(mu) lies within [0.62, 0.68], so a fixed 0..1 scale would show no difference)."""
+    """A colour normalisation spanning ``weights`` (at least 1e-3 wide: with ``bin_map: logistic`` the
+    deterministic attention sigmoid(mu) lies within [0.62, 0.68], so a fixed 0..1 scale would show no
+    difference)."""
     from matplotlib.colors import Normalize
 
     lo, hi = (float(weights.min()), float(weights.max())) if weights.size else (0.0, 1.0)

@@ -6,13 +6,36 @@ and each of ``heads`` heads acts in two stages:
 
 1. discrete: logits a^t = W_mu h^t over n bins; a_g = Gumbel-softmax(a^t) (relaxed, temperature tau); a bin
    a_s ~ Categorical(a_g) with log-probability log a_g(a_s) (eq. 2);
-2. continuous: mu^t = logistic(a_s / n), made differentiable through the relaxation (``estimator``:
-   ``relaxed``: the relaxed bin sum_k a_g[k] k replaces a_s in the forward pass too; ``straight_through``: the
-   forward pass uses the sampled a_s, the backward pass the gradient of the relaxed bin); sigma^t =
-   softplus(W_std h^t) + min_std > 0; a sample z ~ N(mu^t, sigma^t); Att^t = sigmoid(z) (eq. 4); the
-   log-probability is that of exactly this z under N(mu^t, sigma^t) (eq. 5).
+2. continuous: mu^t = the mean of bin a_s (``bin_map``); sigma^t = softplus(W_std h^t) + min_std > 0; a sample
+   z ~ N(mu^t, sigma^t); Att^t = sigmoid(z) (eq. 4); the log-probability is that of exactly this z under
+   N(mu^t, sigma^t) (eq. 5).
 
-At evaluation (``deterministic``) there is no sampling: the bin is the mode of softmax(a^t) and z = mu^t.
+``bin_map`` (how a bin becomes mu):
+
+* ``logit`` (default): mu = logit((a_s + 1/2) / n), so that sigmoid(mu) = (a_s + 1/2) / n is the centre of
+  bin a_s of n equal bins of (0, 1): the attention can take any weight in (0, 1);
+* ``logistic``: eq. 3 as printed, mu = logistic(a_s / n) in [0.5, 0.73], so Att = sigmoid(z) at z = mu lies in
+  [0.62, 0.68] (the largest ratio between two weights is 1.08: the attention cannot attend).
+
+``estimator`` (what the forward pass uses, and how mu stays differentiable):
+
+* ``straight_through`` (default; the paper's a_s): the forward pass uses the *sampled* bin a_s, so the reward
+  depends on a_s and the discrete term log a_g(a_s) * R is a score-function gradient of the expected reward
+  (unbiased: the Gumbel noise does not depend on the parameters, and a_s ~ Categorical(a_g) given it). With
+  ``mu_grad="relaxed"`` the continuous term also reaches W_mu through mu, by the straight-through Gumbel
+  gradient (forward a_s, backward the gradient of the relaxed bin sum_k a_g[k] k: the paper's "Gumbel-softmax
+  makes mu trainable"; a biased extra: for a fixed a_s, mu does not depend on W_mu); ``mu_grad="none"`` leaves
+  W_mu to the discrete term, so that both terms together are an unbiased gradient of the expected reward.
+* ``relaxed``: the forward pass uses the relaxed bin sum_k a_g[k] k and never a_s; the continuous term is then
+  an unbiased gradient of the relaxed model's expected reward, and the discrete term is zero-mean noise (the
+  reward does not depend on a_s). Kept to reproduce the first runs.
+
+Modes (ablations of Table 4): ``discrete_continuous`` (DCPG); ``discrete`` (the bin itself is the attention:
+z = mu, no continuous stage); ``continuous`` (one Gaussian per head whose mean comes from a linear head,
+mu = W_mean h with ``bin_map="logit"``, logistic(W_mean h) with ``"logistic"``; no discrete stage).
+
+At evaluation (``deterministic``) there is no sampling: the bin is the mode of softmax(a^t) (its expectation
+with ``estimator="relaxed"``) and z = mu.
 """
 
 from __future__ import annotations
@@ -25,6 +48,37 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlattention.rl.policies import gaussian_log_prob
+
+ESTIMATORS: tuple[str, ...] = ("straight_through", "relaxed")
+BIN_MAPS: tuple[str, ...] = ("logit", "logistic")
+MU_GRADS: tuple[str, ...] = ("relaxed", "none")
+MODES: tuple[str, ...] = ("discrete_continuous", "discrete", "continuous")
+
+
+def bin_mean(bins: Tensor, num_bins: int, bin_map: str = "logit") -> Tensor:
+    """mu of (possibly relaxed) bin values in [0, n - 1] (eq. 3; see ``bin_map`` in the module docstring)."""
+    if bin_map == "logit":
+        return torch.logit((bins + 0.5) / num_bins)  # sigmoid(mu) = (a_s + 1/2) / n
+    if bin_map == "logistic":
+        return torch.sigmoid(bins / num_bins)  # mu = logistic(a_s / n), eq. 3 as printed
+    raise ValueError(f"bin_map must be one of {', '.join(BIN_MAPS)}, got {bin_map!r}")
+
+
+def bin_attention(bins: Tensor, num_bins: int, bin_map: str = "logit") -> Tensor:
+    """The attention of bins at z = mu, as the ``discrete`` mode applies it: (a_s + 1/2) / n for ``logit``;
+    logistic(a_s / n) itself for ``logistic`` (the discrete ablation of the first runs used mu as the weight)."""
+    mu = bin_mean(bins, num_bins, bin_map)
+    return torch.sigmoid(mu) if bin_map == "logit" else mu
+
+
+def mean_uniform_attention(num_bins: int, bin_map: str = "logit", mode: str = "discrete_continuous") -> float:
+    """E[Att] at z = mu for a uniform distribution over the n bins: 0.5 with ``logit``; with ``logistic`` about
+    0.650 (``discrete_continuous``: sigmoid(logistic(k / n))) or 0.62 (``discrete``: logistic(k / n)). The
+    scale that the no-policy rows of the ablation give their features (``DCPGConfig.fixed_attention``)."""
+    k = torch.arange(num_bins, dtype=torch.float64)
+    if mode == "discrete":
+        return float(bin_attention(k, num_bins, bin_map).mean())
+    return float(torch.sigmoid(bin_mean(k, num_bins, bin_map)).mean())
 
 
 class DCPGOutput(NamedTuple):
@@ -39,6 +93,10 @@ class DCPGOutput(NamedTuple):
 
 
 class DiscreteContinuousPolicy(nn.Module):
+    """See the module docstring. ``init_std``: sigma starts at this value (W_std zero, its bias
+    softplus^-1(init_std - min_std)), so that training and evaluation see similar attention; ``None``:
+    PyTorch's default initialisation (sigma near softplus(0) = 0.69)."""
+
     def __init__(
         self,
         in_features: int,
@@ -46,30 +104,47 @@ class DiscreteContinuousPolicy(nn.Module):
         num_bins: int = 100,
         heads: int = 2,
         tau: float = 1.0,
-        estimator: str = "relaxed",
+        estimator: str = "straight_through",
         min_std: float = 1e-3,
         mode: str = "discrete_continuous",
-        init_std: float | None = None,
+        init_std: float | None = 0.15,
+        bin_map: str = "logit",
+        mu_grad: str = "relaxed",
     ) -> None:
         super().__init__()
-        if estimator not in ("relaxed", "straight_through"):
-            raise ValueError(f"estimator must be 'relaxed' or 'straight_through', got {estimator!r}")
-        if mode not in ("discrete_continuous", "discrete", "continuous"):
-            raise ValueError(f"mode must be 'discrete_continuous', 'discrete' or 'continuous', got {mode!r}")
+        for name, value, allowed in (
+            ("estimator", estimator, ESTIMATORS),
+            ("mode", mode, MODES),
+            ("bin_map", bin_map, BIN_MAPS),
+            ("mu_grad", mu_grad, MU_GRADS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         if num_bins < 2 or heads < 1 or tau <= 0:
             raise ValueError(f"need num_bins >= 2, heads >= 1, tau > 0; got {num_bins}, {heads}, {tau}")
+        if estimator == "relaxed" and mu_grad == "none":
+            raise ValueError(
+                "mu_grad='none' needs estimator='straight_through': with 'relaxed' the forward pass ignores a_s, so "
+                "W_mu would learn only from the discrete term, which is then zero-mean noise"
+            )
+        if init_std is not None and init_std <= min_std:
+            raise ValueError(f"init_std must be > min_std ({min_std}), got {init_std}")
         self.num_bins, self.heads, self.tau, self.estimator, self.min_std = num_bins, heads, tau, estimator, min_std
-        self.mode = mode
+        self.mode, self.bin_map, self.mu_grad = mode, bin_map, mu_grad
         self.gru = nn.GRU(in_features, hidden, batch_first=True)
         self.w_mu = nn.Linear(hidden, heads * num_bins)  # W_mu: discrete logits per head
         self.w_std = nn.Linear(hidden, heads)  # W_std
         self.w_mean = nn.Linear(hidden, heads)  # the mean of the single-Gaussian ablation (mode="continuous")
-        if init_std is not None:  # start sigma near init_std: bias = softplus^-1(init_std - min_std)
-            if init_std <= min_std:
-                raise ValueError(f"init_std must be > min_std ({min_std}), got {init_std}")
+        if init_std is not None:  # start sigma at init_std: bias = softplus^-1(init_std - min_std)
             nn.init.zeros_(self.w_std.weight)
             nn.init.constant_(self.w_std.bias, math.log(math.expm1(init_std - min_std)))
         self.register_buffer("bin_values", torch.arange(num_bins, dtype=torch.float32), persistent=False)
+
+    def sample_bins(self, a_g: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """a_s ~ Categorical(a_g) (eq. 2): a_g ``(B, T, H, n)`` -> int64 ``(B, T, H)``. A method of its own so
+        that a test can intervene on a_s."""
+        n = a_g.shape[-1]
+        return torch.multinomial(a_g.detach().reshape(-1, n).float(), 1, generator=generator).view(a_g.shape[:-1])
 
     def forward(
         self,
@@ -88,25 +163,27 @@ class DiscreteContinuousPolicy(nn.Module):
         if deterministic:
             probs = logits.softmax(-1)
             bins = probs.argmax(-1)
-            relaxed_bin = (probs * values).sum(-1) if self.estimator == "relaxed" else bins.to(logits.dtype)
+            bin_value = (probs * values).sum(-1) if self.estimator == "relaxed" else bins.to(logits.dtype)
             log_pd = probs.gather(-1, bins.unsqueeze(-1)).squeeze(-1).clamp_min(1e-20).log()
         else:
             u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
             gumbel = -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
             a_g = ((logits + gumbel) / self.tau).softmax(-1)  # Gumbel-softmax
-            bins = torch.multinomial(a_g.detach().reshape(-1, n).float(), 1, generator=generator).view(B, T, H)
+            bins = self.sample_bins(a_g, generator)  # a_s ~ Multinomial(a_g)
             log_pd = a_g.gather(-1, bins.unsqueeze(-1)).squeeze(-1).clamp_min(1e-20).log()  # log a_g(a_s)
             soft = (a_g * values).sum(-1)  # relaxed bin, differentiable in W_mu
             if self.estimator == "relaxed":
-                relaxed_bin = soft
-            else:  # straight-through: forward a_s, backward d(soft)
-                relaxed_bin = bins.to(soft.dtype) + soft - soft.detach()
-        mu = torch.sigmoid(relaxed_bin / n)  # mu^t = logistic(a_s / n)
+                bin_value = soft
+            elif self.mu_grad == "relaxed":  # straight-through: forward a_s exactly, backward d(soft)
+                bin_value = bins.to(soft.dtype) + (soft - soft.detach())
+            else:  # forward a_s, no gradient through mu
+                bin_value = bins.to(soft.dtype)
+        mu = bin_mean(bin_value, n, self.bin_map)  # eq. 3
         if self.mode == "continuous":  # single-Gaussian ablation: mu from a linear head, no discrete stage
-            mu = torch.sigmoid(self.w_mean(h))
+            mu = self.w_mean(h) if self.bin_map == "logit" else torch.sigmoid(self.w_mean(h))
         sigma = F.softplus(self.w_std(h)) + self.min_std
         if self.mode == "discrete":  # discrete-PG ablation: the discrete action itself is the attention
-            att = mu.detach()
+            att = bin_attention(bin_value, n, self.bin_map).detach()
             z_used = torch.logit(att.clamp(1e-6, 1 - 1e-6))
             log_pc = torch.zeros_like(mu)
         else:
@@ -158,4 +235,16 @@ def in_batch_retrieval_reward(sims: Tensor, relevant: Tensor, kind: str = "r1+ap
     return torch.where(n_rel > 0, out, torch.zeros_like(out))
 
 
-__all__ = ["DCPGOutput", "DiscreteContinuousPolicy", "dcpg_losses", "in_batch_retrieval_reward"]
+__all__ = [
+    "BIN_MAPS",
+    "ESTIMATORS",
+    "MODES",
+    "MU_GRADS",
+    "DCPGOutput",
+    "DiscreteContinuousPolicy",
+    "bin_attention",
+    "bin_mean",
+    "dcpg_losses",
+    "in_batch_retrieval_reward",
+    "mean_uniform_attention",
+]

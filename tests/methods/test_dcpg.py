@@ -53,7 +53,9 @@ ABLATIONS = {
     "dcpg": {},
     "reward_r1": {"reward": "r1"},
     "reward_ap": {"reward": "ap", "lam": 10.0},
-    "pg_baseline": {"pg_baseline": True, "estimator": "straight_through"},
+    "pg_baseline": {"pg_baseline": True, "mu_grad": "none"},
+    "noise_matched": {"noise_matched": True},  # the control: initial policy, no policy-gradient term
+    "printed_scheme": {"estimator": "relaxed", "bin_map": "logistic", "init_std": None},  # the first runs' scheme
 }
 
 
