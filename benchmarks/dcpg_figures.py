@@ -18,6 +18,13 @@ caption of each of the first ``--num-images`` images of ``--split``, into ``--vi
 ``<run>/figures``; ``dcpg_attention_<item>.png``). The rendered digit scenes are looked up in the run's
 ``data.render_cache``. A baseline checkpoint (``model.pg: none``) has no attention: it is reported and skipped.
 
+Attention over regions and words on one scale (``--viz``/``--checkpoint``, ``--kind pairs`` or ``both``): one figure
+per checkpoint, ``dcpg_attention_pairs.png``, with one row per pair (the first caption of each of the first
+``--num-images`` images): the scene with its region boxes coloured by their weight, the region weights and the word
+weights as cells, each cell printed with its value. Every weight is the deterministic attention applied to the
+features (mean actions, mean over heads, eq. 11), a number in (0, 1), drawn on one fixed colour scale from 0 to 1
+(the same in every panel and every row, so that figures of different runs compare) with one colourbar.
+
     python benchmarks/dcpg_figures.py /tmp/t4/runs/dcpg_digit_scenes /tmp/t4/runs/dcpg_digit_scenes_baseline \\
         --out benchmarks/results/dcpg_reward.png
     python benchmarks/dcpg_figures.py dcpg=/tmp/t4/runs/dcpg_digit_scenes \\
@@ -27,6 +34,8 @@ caption of each of the first ``--num-images`` images of ``--split``, into ``--vi
         --viz --data-dir ../shared/data/mnist --num-images 4 --viz-out /tmp/dcpg_attention
     python benchmarks/dcpg_figures.py --checkpoint runs/dcpg_digit_scenes/checkpoints/best.ckpt \\
         --data-dir ../shared/data/mnist
+    python benchmarks/dcpg_figures.py --checkpoint runs/dcpg_digit_scenes/checkpoints/best.ckpt \\
+        --data-dir ../shared/data/mnist --kind pairs --num-images 4 --viz-out docs/figures
 
 A run is a folder or ``LABEL=FOLDER`` (the label names it in the legend; default: the folder's name). Without
 ``--out`` the curve goes to ``<first run>/figures/dcpg_reward.png``.
@@ -38,6 +47,7 @@ import argparse
 import csv
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -177,16 +187,9 @@ def first_caption_items(image_ids: Sequence[int], num_images: int) -> list[int]:
     return list(seen.values())
 
 
-def write_attention_figures(
-    checkpoint: str | Path,
-    out_dir: str | Path,
-    data_dir: str | None = None,
-    split: str = "test",
-    num_images: int = 4,
-) -> list[Path]:
-    """The :meth:`DCPG.visualize` figures of a checkpoint (as ``rlattention viz`` loads it) for the first caption
-    of each of the first ``num_images`` images of ``split``; returns the paths. Raises
-    ``rlattention.methods.dcpg.NoAttentionPolicyError`` for a ``model.pg: none`` checkpoint."""
+def load_dcpg(checkpoint: str | Path, data_dir: str | None = None):
+    """``(model, splits)`` of a dcpg checkpoint, as ``rlattention viz`` loads it, in eval mode, with the run's
+    rendered scenes looked up in its ``data.render_cache``."""
     from rlattention.data.strokes import resolve_cache_dir
     from rlattention.engine.trainer import load_for_eval
 
@@ -197,12 +200,203 @@ def write_attention_figures(
     cache = resolve_cache_dir(getattr(cfg.data, "render_cache", None))
     if cache is not None:
         model.scene_roots = (cache,)  # where the run's digit scenes were generated
-    ds = getattr(splits, split)
-    items = first_caption_items(ds.targets[:, 0].tolist(), num_images)
+    return model, splits
+
+
+def _first_pairs(splits, split: str, num_images: int):
+    """``(images, targets)`` of the first caption of each of the first ``num_images`` images of ``split``."""
     import torch
 
+    ds = getattr(splits, split)
+    items = first_caption_items(ds.targets[:, 0].tolist(), num_images)
     index = torch.tensor(items, dtype=torch.int64)
-    return model.visualize(ds.images[index], ds.targets[index], Path(out_dir))
+    return ds.images[index], ds.targets[index]
+
+
+def write_attention_figures(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    data_dir: str | None = None,
+    split: str = "test",
+    num_images: int = 4,
+) -> list[Path]:
+    """The :meth:`DCPG.visualize` figures of a checkpoint (as ``rlattention viz`` loads it) for the first caption
+    of each of the first ``num_images`` images of ``split``; returns the paths. Raises
+    ``rlattention.methods.dcpg.NoAttentionPolicyError`` for a ``model.pg: none`` checkpoint."""
+    model, splits = load_dcpg(checkpoint, data_dir)
+    images, targets = _first_pairs(splits, split, num_images)
+    return model.visualize(images, targets, Path(out_dir))
+
+
+@dataclass
+class PairAttention:
+    """The attention of one image-caption pair, as :func:`attention_pairs_figure` draws it."""
+
+    label: str  # e.g. "image 3"
+    caption: str  # e.g. "a red seven left of a small blue two" (the tokens without <start>, <end>)
+    region_names: list[str]  # (R,) e.g. "2: red 7" for a digit box, "4" for a distractor
+    region_attention: np.ndarray  # (R,) in (0, 1), the weights applied to the region features
+    words: list[str]  # (L,) the caption's tokens, <start> and <end> included, padding dropped
+    word_attention: np.ndarray  # (L,) in (0, 1)
+    scene: np.ndarray | None = None  # uint8 (3, H, W), the rendered scene when found
+    boxes: np.ndarray | None = None  # (R, 4) (x0, y0, x1, y1) in [0, 1], in region order, when known
+
+
+def attention_pairs(model, images, targets) -> list[PairAttention]:
+    """The deterministic attention (mean actions; the mean over heads, i.e. the weights of eq. 11) of a dcpg
+    ``model`` on pairs: images ``(B, 1, R, F)`` region features, targets ``(B, 1 + L)`` (image index, tokens).
+    The scenes are looked up in ``model.scene_roots`` (digit scenes); without them the boxes come from the
+    features' geometry when they carry one. Raises ``NoAttentionPolicyError`` for ``model.pg: none``."""
+    import torch
+
+    from rlattention.data.digit_scenes import find_scene_images
+    from rlattention.methods.dcpg import NoAttentionPolicyError, _feature_boxes
+
+    if model.image_policy is None:
+        raise NoAttentionPolicyError("dcpg with model.pg=none has no attention policy: no attention to draw")
+    with torch.no_grad():
+        region_att, word_att = model.attention(images, targets)
+    regions = (images.flatten(1, -2) if images.ndim == 4 else images).detach().float().cpu()
+    ids = targets[:, 0].cpu()
+    scenes = find_scene_images(regions, ids, list(model.scene_roots) or None)
+    boxes = scenes.boxes if scenes is not None else _feature_boxes(regions.numpy())
+    pairs = []
+    for i in range(len(targets)):
+        tokens = targets[i, 1:]
+        keep = tokens != 0
+        words = model._words(tokens[keep].tolist())
+        caption = " ".join(w for w in words if not (w.startswith("<") and w.endswith(">")))
+        names = [str(k) for k in range(regions.shape[1])]
+        if scenes is not None:
+            for d in scenes.digits[i]:
+                if 0 <= d.region < len(names):
+                    names[d.region] = f"{d.region}: {d.colour} {d.label}"
+        pairs.append(
+            PairAttention(
+                label=f"image {int(ids[i])}",
+                caption=caption,
+                region_names=names,
+                region_attention=region_att[i].float().cpu().numpy(),
+                words=words,
+                word_attention=word_att[i][keep].float().cpu().numpy(),
+                scene=np.asarray(scenes.images[i]) if scenes is not None else None,
+                boxes=np.asarray(boxes[i]) if boxes is not None else None,
+            )
+        )
+    return pairs
+
+
+#: The colour scale of every attention panel: the weights are in (0, 1).
+ATTENTION_RANGE = (0.0, 1.0)
+
+
+def _cells(ax, values: np.ndarray, labels: Sequence[str], width: int, cmap, norm, title: str) -> None:
+    """One row of cells coloured by ``values`` on ``norm`` (``width`` cells; the ones past the values are
+    blank), each printed with its value and labelled below."""
+    row = np.full((1, width), np.nan)
+    row[0, : len(values)] = values
+    ax.imshow(np.ma.masked_invalid(row), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+    for x, v in enumerate(values):
+        ax.text(x, 0, f"{v:.2f}", ha="center", va="center", fontsize=7, color="black" if norm(v) > 0.6 else "white")
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_xlim(-0.5, width - 0.5)
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=8, loc="left")
+
+
+def attention_pairs_figure(pairs: Sequence[PairAttention], title: str = ""):
+    """A matplotlib figure of ``pairs``, one row each: [scene with boxes] | region cells | word cells, all on
+    one colour scale fixed to (0, 1) (``ATTENTION_RANGE``, viridis), with one colourbar. Returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Rectangle
+
+    if not pairs:
+        raise ValueError("no pairs to draw")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+    norm = Normalize(*ATTENTION_RANGE)
+    R = max(len(p.region_attention) for p in pairs)
+    L = max(len(p.word_attention) for p in pairs)
+    with_scene = any(p.boxes is not None for p in pairs)
+    ratios = ([2.2] if with_scene else []) + [max(R, 2) * 0.55, max(L, 2) * 0.55]
+    row_height = 2.3 if with_scene else 1.3
+    fig = plt.figure(figsize=(sum(ratios) + 1.6, row_height * len(pairs) + 0.8), layout="constrained")
+    grid = fig.add_gridspec(len(pairs), len(ratios), width_ratios=ratios)
+    axes = []
+    for r, pair in enumerate(pairs):
+        c = 0
+        if with_scene:
+            ax = fig.add_subplot(grid[r, 0])
+            axes.append(ax)
+            if pair.scene is not None:
+                h, w = pair.scene.shape[-2:]
+                ax.imshow(np.transpose(pair.scene, (1, 2, 0)), extent=(0, w, h, 0))
+            else:
+                h = w = 100
+                ax.add_patch(Rectangle((0, 0), w, h, facecolor="black"))
+            if pair.boxes is not None:
+                for k in np.argsort(pair.region_attention, kind="stable"):  # the most attended on top
+                    x0, y0, x1, y1 = (float(v) for v in pair.boxes[k] * np.array([w, h, w, h]))
+                    colour = cmap(norm(pair.region_attention[k]))
+                    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor=colour, lw=2.0))
+                    ax.text(x0 + 1, y0 + 1, str(k), color="white", fontsize=6, ha="left", va="top")
+            ax.set_xlim(0, w)
+            ax.set_ylim(h, 0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(pair.label, fontsize=8, loc="left")
+            c = 1
+        region_title = "regions" if with_scene else f"{pair.label}: regions"
+        ax = fig.add_subplot(grid[r, c])
+        axes.append(ax)
+        _cells(ax, pair.region_attention, pair.region_names, R, cmap, norm, region_title)
+        ax = fig.add_subplot(grid[r, c + 1])
+        axes.append(ax)
+        _cells(ax, pair.word_attention, pair.words, L, cmap, norm, f'words of "{pair.caption}"')
+    bar = fig.colorbar(ScalarMappable(norm, cmap), ax=axes, shrink=0.8, pad=0.01)
+    bar.set_label("attention Att (mean over heads), fixed scale 0 to 1", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_attention_pairs(pairs: Sequence[PairAttention], out: str | Path, title: str = "") -> Path:
+    """:func:`attention_pairs_figure` saved as the PNG ``out``; returns ``out``."""
+    import matplotlib.pyplot as plt
+
+    fig = attention_pairs_figure(pairs, title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def write_attention_pairs(
+    checkpoint: str | Path,
+    out: str | Path,
+    data_dir: str | None = None,
+    split: str = "test",
+    num_images: int = 4,
+) -> Path:
+    """The one-scale pairs figure (:func:`attention_pairs_figure`) of a checkpoint, for the first caption of each
+    of the first ``num_images`` images of ``split``, into the PNG ``out``."""
+    model, splits = load_dcpg(checkpoint, data_dir)
+    images, targets = _first_pairs(splits, split, num_images)
+    return plot_attention_pairs(attention_pairs(model, images, targets), out, _pairs_title(model, checkpoint, split))
+
+
+def _pairs_title(model, checkpoint: str | Path, split: str) -> str:
+    cfg = model.cfg
+    return (
+        f"DCPG attention on {split} pairs ({Path(checkpoint).parent.parent.name}: pg={cfg.pg}, {cfg.heads} "
+        f"head{'s' if cfg.heads > 1 else ''}, lambda={cfg.lam:g}{', noise-matched' if cfg.noise_matched else ''}; "
+        "mean actions)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default="test", choices=["test", "val", "train"])
     ap.add_argument("--num-images", type=int, default=4, help="figures: first caption of this many images")
     ap.add_argument("--viz-out", help="attention-figure folder (default: <run>/figures)")
+    ap.add_argument(
+        "--kind",
+        default="both",
+        choices=["pairs", "items", "both"],
+        help="attention figures: pairs (one figure, fixed 0-1 scale), items (one per pair, DCPG.visualize), both",
+    )
     args = ap.parse_args(argv)
     if not args.runs and not args.checkpoint:
         ap.error("give run folders (reward curve) and/or --checkpoint files (attention figures)")
@@ -240,8 +440,15 @@ def main(argv: list[str] | None = None) -> int:
         if len(checkpoints) > 1 and args.viz_out:
             out_dir = out_dir / ckpt.parent.parent.name
         try:
-            for path in write_attention_figures(ckpt, out_dir, args.data_dir, args.split, args.num_images):
-                print(path)
+            model, splits = load_dcpg(ckpt, args.data_dir)  # loaded once for both kinds
+            images, targets = _first_pairs(splits, args.split, args.num_images)
+            if args.kind in ("pairs", "both"):
+                pairs = attention_pairs(model, images, targets)
+                out = out_dir / "dcpg_attention_pairs.png"
+                print(plot_attention_pairs(pairs, out, _pairs_title(model, ckpt, args.split)))
+            if args.kind in ("items", "both"):
+                for path in model.visualize(images, targets, out_dir):
+                    print(path)
         except NoAttentionPolicyError as e:
             print(f"{ckpt}: skipped: {e}", file=sys.stderr)
         except (CheckpointError, FileNotFoundError, ValueError) as e:
