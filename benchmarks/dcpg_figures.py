@@ -250,7 +250,7 @@ def attention_pairs(model, images, targets) -> list[PairAttention]:
     import torch
 
     from rlattention.data.digit_scenes import find_scene_images
-    from rlattention.methods.dcpg import NoAttentionPolicyError, _feature_boxes
+    from rlattention.methods.dcpg import NoAttentionPolicyError, _feature_boxes, caption_and_region_names
 
     if model.image_policy is None:
         raise NoAttentionPolicyError("dcpg with model.pg=none has no attention policy: no attention to draw")
@@ -265,12 +265,8 @@ def attention_pairs(model, images, targets) -> list[PairAttention]:
         tokens = targets[i, 1:]
         keep = tokens != 0
         words = model._words(tokens[keep].tolist())
-        caption = " ".join(w for w in words if not (w.startswith("<") and w.endswith(">")))
-        names = [str(k) for k in range(regions.shape[1])]
-        if scenes is not None:
-            for d in scenes.digits[i]:
-                if 0 <= d.region < len(names):
-                    names[d.region] = f"{d.region}: {d.colour} {d.label}"
+        digits = scenes.digits[i] if scenes is not None else ()
+        caption, names = caption_and_region_names(words, regions.shape[1], digits, ": ")
         pairs.append(
             PairAttention(
                 label=f"image {int(ids[i])}",

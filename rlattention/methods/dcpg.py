@@ -465,12 +465,10 @@ class DCPG(AttentionMethod):
             if rank > 1:
                 top = int(sims[i].argmax())
                 match += f" (top: image {gallery[top]}, cos {sims[i, top]:.3f})"
-            caption = " ".join(w for w in words if not (w.startswith("<") and w.endswith(">")))
-            names = [str(k) for k in range(regions.shape[1])]
+            caption, names = caption_and_region_names(
+                words, regions.shape[1], scenes.digits[i] if scenes is not None else (), "\n"
+            )
             if scenes is not None:
-                for d in scenes.digits[i]:
-                    if 0 <= d.region < len(names):
-                        names[d.region] = f"{d.region}\n{d.colour} {d.label}"
                 where = f"scene: {scenes.folder.name}/{scenes.split} image {ids_list[i]}"
             elif boxes is not None:
                 where = "no rendered scene found: boxes from the features' geometry on a black square"
@@ -511,6 +509,18 @@ def _feature_boxes(regions: np.ndarray, tol: float = 1e-3) -> np.ndarray | None:
     ok = (x0 >= -tol) & (y0 >= -tol) & (x1 <= 1 + tol) & (y1 <= 1 + tol) & (x0 < x1) & (y0 < y1)
     ok &= np.abs(area - (x1 - x0) * (y1 - y0)) <= tol
     return np.clip(regions[..., -5:-1], 0.0, 1.0).astype(np.float32) if bool(ok.all()) else None
+
+
+def caption_and_region_names(words: Sequence[str], num_regions: int, digits=(), sep: str = " ") -> tuple[str, list]:
+    """The caption without its ``<start>``/``<end>`` markers, and a name per region: its index, followed (after
+    ``sep``) by the colour and label of the scene digit drawn in it (``digits``: a scene's digits, each with
+    ``region``, ``colour`` and ``label``)."""
+    caption = " ".join(w for w in words if not (w.startswith("<") and w.endswith(">")))
+    names = [str(k) for k in range(num_regions)]
+    for d in digits:
+        if 0 <= d.region < num_regions:
+            names[d.region] = f"{d.region}{sep}{d.colour} {d.label}"
+    return caption, names
 
 
 def _scale(weights: np.ndarray):
