@@ -57,7 +57,7 @@ from rlattention.vision.transforms import random_erasing, random_shift
 from rlattention.vision.trunk import StagedTrunk
 
 ATTENTION_MODES = ("none", "weak", "critic")
-REWARDS = ("both", "classification", "amelioration")
+REWARDS = ("both", "classification", "amelioration", "log_prob", "log_gain")
 
 
 @dataclass
@@ -75,7 +75,17 @@ class SCALConfig:
     reduction: int = 16  # channel attention bottleneck C -> C / reduction (at least 4 units)
     spatial_hidden: int = 8
     critic_hidden: int = 128
-    reward: str = "both"  # both (R_c + R_a) | classification (R_c) | amelioration (R_a)
+    reward: str = "both"  # both (R_c + R_a) | classification (R_c) | amelioration (R_a) | log_prob (log p_y with
+    # attention) | log_gain (log p_y with attention - log p_y without): the continuous forms of R_c and R_a
+    # exploration for the critic: per step, `explore` extra passes (no gradient) whose attention logits carry
+    # Gaussian noise (std `explore_std`, drawn on an `explore_grid` x `explore_grid` grid and upsampled, so the
+    # noise moves attention between regions; 0: per position), each scored by its reward; the critic learns from
+    # them (and from the agent's own maps if `critic_on_policy`), so it sees alternative actions. 0: the paper's
+    # critic, trained on the agents' own deterministic maps only
+    explore: int = 0
+    explore_std: float = 1.0
+    explore_grid: int = 4
+    critic_on_policy: bool = True
     critic_weight: float = 1.0  # weight of J_cri = -V (agent)
     mse_weight: float = 1.0  # weight of (V - R)^2 (critic)
     margin: float = 0.3  # batch-hard triplet margin
@@ -110,14 +120,28 @@ class AttentionAgent(nn.Module):
             else None
         )
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, noise_std: float = 0.0, noise_grid: int = 0) -> tuple[Tensor, Tensor | None]:
+        """``noise_std`` > 0: an explored action, Gaussian noise of that std added to every attention logit (the
+        spatial noise drawn on a ``noise_grid`` x ``noise_grid`` grid and upsampled bilinearly; 0: per position)."""
         att = torch.ones((), device=x.device, dtype=x.dtype)
         spatial = None
         if self.spatial is not None:
-            spatial = torch.sigmoid(self.spatial(x.mean(1, keepdim=True)))  # (B, 1, H, W)
+            logit = self.spatial(x.mean(1, keepdim=True))  # (B, 1, H, W)
+            if noise_std > 0:
+                b, _, h, w = logit.shape
+                if noise_grid > 0:
+                    coarse = torch.randn(b, 1, noise_grid, noise_grid, device=x.device, dtype=x.dtype)
+                    noise = F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
+                else:
+                    noise = torch.randn_like(logit)
+                logit = logit + noise_std * noise
+            spatial = torch.sigmoid(logit)
             att = att * spatial
         if self.channel is not None:
-            att = att * torch.sigmoid(self.channel(x.mean((2, 3))))[:, :, None, None]  # (B, C, 1, 1)
+            logit = self.channel(x.mean((2, 3)))
+            if noise_std > 0:
+                logit = logit + noise_std * torch.randn_like(logit)
+            att = att * torch.sigmoid(logit)[:, :, None, None]  # (B, C, 1, 1)
         return att, spatial
 
 
@@ -166,7 +190,9 @@ def attention_rewards(
 ) -> dict[str, Tensor]:
     """``R_c = [y is the predicted identity]`` (its logit strictly above every other: a tie is not a correct
     prediction), ``R_a = [p_y(with attention) > p_y(without)]`` (strict), and the reward
-    ``R`` of ``kind``: ``both`` (``R_c + R_a``), ``classification`` or ``amelioration``. All ``(B,)`` float."""
+    ``R`` of ``kind``: ``both`` (``R_c + R_a``), ``classification``, ``amelioration``, or their continuous forms
+    ``log_prob`` (``log p_y`` with attention) and ``log_gain`` (``log p_y`` with attention minus without), each
+    clamped to [-20, 20]. All ``(B,)`` float."""
     if kind not in REWARDS:
         raise ValueError(f"model.reward must be one of {REWARDS}, got {kind!r}")
     true = logits_att.gather(1, labels[:, None])
@@ -174,7 +200,12 @@ def attention_rewards(
     p_att = logits_att.softmax(1).gather(1, labels[:, None]).squeeze(1)
     p_plain = logits_plain.softmax(1).gather(1, labels[:, None]).squeeze(1)
     r_a = (p_att > p_plain).float()
-    r = {"both": r_c + r_a, "classification": r_c, "amelioration": r_a}[kind]
+    if kind in ("log_prob", "log_gain"):
+        logp_att = logits_att.log_softmax(1).gather(1, labels[:, None]).squeeze(1)
+        logp_plain = logits_plain.log_softmax(1).gather(1, labels[:, None]).squeeze(1)
+        r = (logp_att if kind == "log_prob" else logp_att - logp_plain).clamp(-20.0, 20.0)
+    else:
+        r = {"both": r_c + r_a, "classification": r_c, "amelioration": r_a}[kind]
     return {"reward": r, "reward_classification": r_c, "reward_amelioration": r_a}
 
 
@@ -219,6 +250,18 @@ class SCAL(AttentionMethod):
             )
         if sorted(set(cfg.positions)) != sorted(cfg.positions) or not set(cfg.positions) <= set(range(5)):
             raise ValueError(f"model.positions must be distinct stage indices in 0..4, got {cfg.positions}")
+        if not isinstance(cfg.explore, int) or cfg.explore < 0:
+            raise ValueError(f"model.explore must be a number of passes >= 0, got {cfg.explore!r}")
+        if cfg.explore > 0 and cfg.attention != "critic":
+            raise ValueError(f"model.explore trains the critic: it needs model.attention=critic, got {cfg.attention!r}")
+        if cfg.explore > 0 and not cfg.explore_std > 0:
+            raise ValueError(f"model.explore_std must be > 0 when model.explore > 0, got {cfg.explore_std!r}")
+        if not isinstance(cfg.explore_grid, int) or cfg.explore_grid < 0:
+            raise ValueError(f"model.explore_grid must be a grid size >= 0 (0: per position), got {cfg.explore_grid!r}")
+        if cfg.explore == 0 and not cfg.critic_on_policy and cfg.attention == "critic":
+            raise ValueError(
+                "model.critic_on_policy=false needs model.explore > 0: the critic would learn from nothing"
+            )
         if cfg.eval_feature not in ("after_bn", "before_bn"):
             raise ValueError(f"model.eval_feature must be after_bn or before_bn, got {cfg.eval_feature!r}")
         if cfg.distance not in ("euclidean", "cosine"):
@@ -266,20 +309,21 @@ class SCAL(AttentionMethod):
         return cls(replace(cfg, pretrained=""), info)  # the checkpoint holds every weight
 
     # -- network ---------------------------------------------------------------------------------------------
-    def feature_map(self, images: Tensor, attend: bool = True) -> tuple[Tensor, list]:
-        """The last feature map and, per attention module, ``(input X, attention A, spatial map)``."""
+    def feature_map(self, images: Tensor, attend: bool = True, noise_std: float = 0.0) -> tuple[Tensor, list]:
+        """The last feature map and, per attention module, ``(input X, attention A, spatial map)``.
+        ``noise_std`` > 0: every module explores (see :class:`AttentionAgent`)."""
         x, records = images, []
         for i, stage in enumerate(self.backbone.stages()):
             x = stage(x)
             if attend and str(i) in self.agents:
-                att, spatial = self.agents[str(i)](x)
+                att, spatial = self.agents[str(i)](x, noise_std, self.cfg.explore_grid)
                 records.append((x, att, spatial))
                 x = x * att
         return x, records
 
-    def embed(self, images: Tensor, attend: bool = True) -> tuple[Tensor, Tensor, list]:
+    def embed(self, images: Tensor, attend: bool = True, noise_std: float = 0.0) -> tuple[Tensor, Tensor, list]:
         """``(f, BN(f), records)``: the pooled embedding, its BNNeck output and the attention records."""
-        x, records = self.feature_map(images, attend)
+        x, records = self.feature_map(images, attend, noise_std)
         f = x.mean((2, 3))
         return f, self.bnneck(f), records
 
@@ -326,13 +370,36 @@ class SCAL(AttentionMethod):
             rewards = attention_rewards(logits.detach(), logits_plain, labels, cfg.reward)
             v_agent = self.critic_value(records, for_agent=True)
             v_critic = self.critic_value(records, for_agent=False)
-            mse = (v_critic - rewards["reward"]).pow(2).mean()
+            errors = [(v_critic - rewards["reward"]).pow(2)] if cfg.critic_on_policy else []
+            if cfg.explore > 0:
+                explored = self.explore(images, logits_plain, labels)
+                errors += [(self.critic_value(recs, for_agent=False) - r).pow(2) for recs, r in explored]
+                r_exp = torch.stack([r for _, r in explored])  # (explore, B)
+                # the critic's prediction on these fresh actions, before it learns from them (held out), against
+                # the best constant for them (their mean): R^2 > 0 means the critic predicts better than a constant
+                err_exp = torch.stack(errors[-cfg.explore :]).detach()
+                var = (r_exp - r_exp.mean()).pow(2).mean()
+                stats["critic_heldout_mse"] = err_exp.mean()
+                stats["critic_heldout_r2"] = 1.0 - err_exp.mean() / var.clamp_min(1e-8)
+                stats["explored_reward"] = r_exp.mean()
             terms["critic"] = cfg.critic_weight * -v_agent.mean()
-            terms["critic_mse"] = cfg.mse_weight * mse
+            terms["critic_mse"] = cfg.mse_weight * torch.cat(errors).mean()
             stats.update({k: v.mean() for k, v in rewards.items()})
             stats["value"] = v_critic.detach().mean()
         loss = sum(terms.values())
         return StepOutput(loss, terms, stats)
+
+    @torch.no_grad()
+    def explore(self, images: Tensor, logits_plain: Tensor, labels: Tensor) -> list[tuple[list, Tensor]]:
+        """``explore`` passes with noisy attention (no gradient, BatchNorm statistics untouched): per pass the
+        attention records and their rewards ``(B,)``."""
+        out = []
+        with _FrozenBatchNormStats(self):
+            for _ in range(self.cfg.explore):
+                _, fb, recs = self.embed(images, noise_std=self.cfg.explore_std)
+                r = attention_rewards(self.classifier(fb), logits_plain, labels, self.cfg.reward)["reward"]
+                out.append((recs, r))
+        return out
 
     # -- evaluation ------------------------------------------------------------------------------------------
     @torch.no_grad()
