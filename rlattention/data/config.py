@@ -27,6 +27,12 @@ class DataConfig:
     test_fraction: share of the images held out as test when a dataset has no test split (``coco`` subset); of
         the characters for ``omniglot_sketch``; of the photos for ``sketchy``.
     digits_per_canvas / scale_range: how many distinct digits per canvas and their scale (``multilabel_digits``).
+    layout_grid: ``multilabel_digits``: side g of the g x g grid of cells the digits are placed in, one digit per
+        cell (g * g >= the largest number of digits); 0 (default): ceil(sqrt(largest number of digits)).
+    clutter_scale: ``multilabel_digits``: clutter fragments are cut from digits resized to 28 x this (default 1.0,
+        the digits as they are; 0.75 gives fragments the stroke width of 14-28 px digits).
+    (``multilabel_digits`` uses ``num_clutter`` / ``clutter_size`` too; the cluttered task of the rarl study,
+    ``configs/rarl_clutter.yaml``, sets all of these.)
     completion_steps: partial renders per sketch, S (``qmul_chairv2``, ``omniglot_sketch``; the DARP paper uses 17);
         step s shows the first ceil(s * points / S) points of the sketch. ``null`` (default): the dataset's own
         default, 17 for those two and 1 for ``sketchy``, which accepts only 1 (raster sketches have no stroke order).
@@ -67,6 +73,8 @@ class DataConfig:
     test_fraction: float = 0.25
     digits_per_canvas: list[int] = field(default_factory=lambda: [2, 4])
     scale_range: list[float] = field(default_factory=lambda: [1.0, 2.0])
+    layout_grid: int = 0
+    clutter_scale: float = 1.0
     svhn_extra: bool = False
     completion_steps: int | None = None  # null: the dataset's default (17; sketchy: 1)
     line_width: float = 2.0

@@ -6,11 +6,17 @@ at a random position; the label of the canvas is the set of digit classes drawn,
 the 10 classes. Optional clutter (small fragments cut from random digits) adds distractors.
 
 Layout (grid with jitter): the canvas is divided into a ``g x g`` grid of cells, ``g = ceil(sqrt(max
-digits))`` (2 x 2 for up to 4 digits); each digit of a canvas gets its own randomly chosen cell and a
-uniformly random position inside it. A digit that fits in its cell (side <= canvas / g, e.g. up to 64 px on
-the default 128 canvas, while 28 px digits scaled by at most 2 are 56 px) never overlaps another digit; a
-larger one is centred on its cell and clamped into the canvas, so overlaps stay bounded by the excess.
+digits))`` (2 x 2 for up to 4 digits) unless ``grid_cells`` asks for a finer grid; each digit of a canvas gets
+its own randomly chosen cell and a uniformly random position inside it. A digit that fits in its cell (side <=
+canvas / g, e.g. up to 64 px on the default 128 canvas, while 28 px digits scaled by at most 2 are 56 px) never
+overlaps another digit; a larger one is centred on its cell and clamped into the canvas, so overlaps stay bounded
+by the excess.
 Digit pixels combine with ``max``.
+
+The cluttered task of the rarl study (``configs/rarl_clutter.yaml``, :data:`CLUTTER_TASK`) is this generator with
+small digits on a large canvas, where where-to-look matters: 128 x 128, 1 to 4 digits of 14-28 px on a 4 x 4 grid
+of 32 px cells (so digits never overlap and may sit in any of 16 places), and 16 fragments of 8 px cut from digits
+shrunk to 21 px (the digits' mean size, so fragments have the digits' stroke width) as clutter.
 
 Everything is batched over canvases: one resize (``torch.nn.functional.interpolate``) per distinct digit
 size and a gather/``scatter_reduce`` paste into the flattened canvases; Python loops only run over the few
@@ -32,10 +38,23 @@ from rlattention.data.mnist import load_mnist, split_seed
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
 
-__all__ = ["NUM_CLASSES", "build_multilabel_digits", "make_multilabel_digits"]
+__all__ = ["CLUTTER_TASK", "NUM_CLASSES", "build_multilabel_digits", "make_multilabel_digits"]
 
 #: Digit classes 0..9; targets are ``(n, NUM_CLASSES)`` multi-hot.
 NUM_CLASSES = 10
+
+#: The cluttered multi-label task (``configs/rarl_clutter.yaml`` writes the same values as ``data.*`` keys):
+#: arguments of :func:`make_multilabel_digits`, with the config key of each in the comment.
+CLUTTER_TASK: dict = dict(
+    canvas=128,  # data.canvas_size
+    min_digits=1,  # data.digits_per_canvas[0]
+    max_digits=4,  # data.digits_per_canvas[1]
+    scale_range=(0.5, 1.0),  # data.scale_range: 14-28 px MNIST digits
+    grid_cells=4,  # data.layout_grid: 4 x 4 cells of 32 px, one digit per cell
+    num_clutter=16,  # data.num_clutter
+    clutter_size=8,  # data.clutter_size
+    clutter_scale=0.75,  # data.clutter_scale: fragments cut from digits shrunk to 21 px
+)
 
 _CHUNK = 4096  # digits per paste chunk: bounds the int64 index tensors (4096 * 56 * 56 * 8 B ~ 100 MB)
 _MISSING_DIR_MSG = (
@@ -81,6 +100,8 @@ def _validate(
     scale_range: tuple[float, float],
     num_clutter: int,
     clutter_size: int,
+    grid_cells: int = 0,
+    clutter_scale: float = 1.0,
 ) -> Tensor:
     """Check the arguments; returns the sorted distinct classes present in ``labels``."""
     check_digit_images(images, labels)
@@ -109,8 +130,20 @@ def _validate(
         raise ValueError(f"canvas {canvas} is smaller than the largest scaled digit ({side} x {high} = {largest} px)")
     if num_clutter < 0:
         raise ValueError(f"num_clutter must be >= 0, got {num_clutter}")
-    if num_clutter > 0 and not 1 <= clutter_size <= side:
-        raise ValueError(f"clutter_size must be in 1..{side} (the digit size), got {clutter_size}")
+    if grid_cells < 0 or (grid_cells > 0 and grid_cells * grid_cells < max_digits):
+        raise ValueError(
+            f"grid_cells must be 0 (automatic) or a g with g * g >= max_digits={max_digits}, got {grid_cells}"
+        )
+    if grid_cells > canvas:
+        raise ValueError(f"grid_cells must be <= the canvas side {canvas}, got {grid_cells}")
+    if not clutter_scale > 0:
+        raise ValueError(f"clutter_scale must be > 0, got {clutter_scale}")
+    source = round(side * clutter_scale)  # side of the digits the fragments are cut from
+    if num_clutter > 0 and not 1 <= clutter_size <= min(source, canvas):
+        raise ValueError(
+            f"clutter_size must be in 1..{min(source, canvas)} (the digit size {side} x clutter_scale "
+            f"{clutter_scale:g}, at most the canvas), got {clutter_size}"
+        )
     return classes
 
 
@@ -125,7 +158,10 @@ def make_multilabel_digits(
     num_clutter: int = 0,
     clutter_size: int = 8,
     seed: int = 0,
-) -> tuple[Tensor, Tensor]:
+    grid_cells: int = 0,
+    clutter_scale: float = 1.0,
+    return_objects: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Draw ``n`` multi-label digit canvases.
 
     images: ``(N, 1, S, S)`` uint8 source digits (``28 x 28`` for MNIST); labels: ``(N,)`` classes in 0..9.
@@ -138,12 +174,21 @@ def make_multilabel_digits(
         source digits and pasted at uniform positions, per canvas.
     seed: seed of a private ``torch.Generator`` (drawn on the CPU): the same inputs and seed give
         bit-identical outputs.
+    grid_cells: side g of the layout grid (g * g >= max_digits); 0: ``ceil(sqrt(max_digits))``.
+    clutter_scale: the fragments are cut from the source digits resized to ``round(S * clutter_scale)`` px
+        (1.0: the source digits as they are), so that fragments can have the stroke width of small digits.
+    return_objects: also return the objects drawn (see below).
 
     Positions follow the grid-with-jitter layout of the module docstring. Returns ``(canvases, targets)``:
     uint8 ``(n, 1, canvas, canvas)`` and float32 multi-hot ``(n, 10)`` (1 for each class drawn), on the
-    images' device.
+    images' device; with ``return_objects`` also ``objects`` int64 ``(n, max_digits, 5)``: per slot
+    ``(class, x0, y0, x1, y1)``, the pixel box of the pasted digit (``x1``, ``y1`` exclusive), class -1 and a
+    zero box for an empty slot (a canvas with fewer than ``max_digits`` digits).
     """
-    classes = _validate(images, labels, n, canvas, min_digits, max_digits, scale_range, num_clutter, clutter_size)
+    classes = _validate(
+        images, labels, n, canvas, min_digits, max_digits, scale_range, num_clutter, clutter_size, grid_cells,
+        clutter_scale,
+    )  # fmt: skip
     device = images.device
     side = images.shape[2]
     digits = images[:, 0]
@@ -165,7 +210,7 @@ def make_multilabel_digits(
     # Sizes and positions: a distinct grid cell per slot, a uniform place inside it (centred if too big).
     low, high = (float(v) for v in scale_range)
     size = (side * (low + (high - low) * torch.rand(n, slots, generator=g))).round().long()
-    grid = math.ceil(math.sqrt(slots))
+    grid = int(grid_cells) or math.ceil(math.sqrt(slots))
     cell = canvas / grid
     cell_id = torch.rand(n, grid * grid, generator=g).argsort(dim=1)[:, :slots]
     slack = cell - size.double()
@@ -176,6 +221,8 @@ def make_multilabel_digits(
         return torch.minimum((cell_coord * cell + offset).floor().long().clamp(min=0), canvas - size)
 
     top, left = place(cell_id // grid), place(cell_id % grid)
+    box = torch.stack([left, top, left + size, top + size], dim=-1) * active[..., None]  # (n, slots, 4) px
+    objects = torch.cat([torch.where(active, cls, -1)[..., None], box], dim=-1)  # (class, x0, y0, x1, y1)
 
     flat = torch.zeros(n * canvas * canvas, dtype=torch.uint8, device=device)
     canvas_of = torch.arange(n).view(-1, 1).expand(n, slots)
@@ -188,18 +235,22 @@ def make_multilabel_digits(
         patches = _resize(digits[source[group].to(device)], int(s))
         _paste_max(flat, patches, *(t[group].to(device) for t in (canvas_of, top, left)), canvas)
 
-    if n > 0:
+    if n > 0 and num_clutter > 0:
+        source_side = round(side * clutter_scale)
+        pieces = _resize(digits, source_side) if source_side != side else digits  # what fragments are cut from
         for _ in range(num_clutter):
             src = torch.randint(len(digits), (n,), generator=g)
-            y0, x0 = (torch.randint(side - clutter_size + 1, (n,), generator=g) for _ in range(2))
+            y0, x0 = (torch.randint(source_side - clutter_size + 1, (n,), generator=g) for _ in range(2))
             rows = (y0.view(-1, 1) + torch.arange(clutter_size)).view(n, clutter_size, 1)
             cols = (x0.view(-1, 1) + torch.arange(clutter_size)).view(n, 1, clutter_size)
-            fragments = digits[src.view(-1, 1, 1).to(device), rows.to(device), cols.to(device)]
+            fragments = pieces[src.view(-1, 1, 1).to(device), rows.to(device), cols.to(device)]
             y1, x1 = (torch.randint(canvas - clutter_size + 1, (n,), generator=g) for _ in range(2))
             _paste_max(flat, fragments, torch.arange(n, device=device), y1.to(device), x1.to(device), canvas)
 
     targets = torch.zeros(n, NUM_CLASSES, dtype=torch.float32)
     targets.scatter_(1, cls, active.float())  # classes are distinct per canvas: no slot overwrites another
+    if return_objects:
+        return flat.view(n, 1, canvas, canvas), targets.to(device), objects.to(device)
     return flat.view(n, 1, canvas, canvas), targets.to(device)
 
 
@@ -207,6 +258,72 @@ def _option(cfg: Any, name: str, default: Any) -> Any:
     """``cfg.name`` for a DataConfig, an OmegaConf node or any namespace; ``default`` if absent or None."""
     value = getattr(cfg, name, None)
     return default if value is None else value
+
+
+_MNIST_SIDE = 28
+
+
+def _config_options(cfg: Any) -> dict[str, Any]:
+    """The ``data.*`` keys of ``cfg`` as arguments of :func:`make_multilabel_digits`, each checked with an error
+    that names its key (the generator's own checks name its arguments)."""
+
+    def pair(key: str, default: tuple, kind: type) -> tuple:
+        value = _option(cfg, key, default)
+        try:
+            low, high = (kind(v) for v in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"data.{key} must be a pair [low, high], got {value!r}") from None
+        return low, high
+
+    canvas = int(_option(cfg, "canvas_size", 0)) or 128
+    min_digits, max_digits = pair("digits_per_canvas", (2, 4), int)
+    scale_range = pair("scale_range", (1.0, 2.0), float)
+    grid = int(_option(cfg, "layout_grid", 0))
+    num_clutter = int(_option(cfg, "num_clutter", 0))
+    clutter_size = int(_option(cfg, "clutter_size", 8))
+    clutter_scale = float(_option(cfg, "clutter_scale", 1.0))
+    if canvas < 1:
+        raise ValueError(f"data.canvas_size must be >= 1 (0: 128), got {canvas}")
+    if not 1 <= min_digits <= max_digits <= NUM_CLASSES:
+        raise ValueError(
+            f"data.digits_per_canvas must be [low, high] with 1 <= low <= high <= {NUM_CLASSES} (distinct classes), "
+            f"got {[min_digits, max_digits]}"
+        )
+    if not 0 < scale_range[0] <= scale_range[1]:
+        raise ValueError(f"data.scale_range must be [low, high] with 0 < low <= high, got {list(scale_range)}")
+    if round(_MNIST_SIDE * scale_range[1]) > canvas:
+        raise ValueError(
+            f"data.scale_range {list(scale_range)}: the largest digit ({_MNIST_SIDE} x {scale_range[1]:g} px) is "
+            f"larger than data.canvas_size={canvas}"
+        )
+    if grid < 0 or (grid > 0 and grid * grid < max_digits) or grid > canvas:
+        raise ValueError(
+            f"data.layout_grid must be 0 (automatic: ceil(sqrt(max digits))) or g with g * g >= the largest number of "
+            f"digits ({max_digits}) and g <= data.canvas_size, got {grid}"
+        )
+    if num_clutter < 0:
+        raise ValueError(f"data.num_clutter must be >= 0, got {num_clutter}")
+    if not clutter_scale > 0:
+        raise ValueError(f"data.clutter_scale must be > 0, got {clutter_scale}")
+    source = min(round(_MNIST_SIDE * clutter_scale), canvas)
+    if num_clutter > 0 and not 1 <= clutter_size <= source:
+        raise ValueError(
+            f"data.clutter_size must be in 1..{source} (the digits the fragments are cut from: {_MNIST_SIDE} x "
+            f"data.clutter_scale={clutter_scale:g}), got {clutter_size}"
+        )
+    for key in ("num_train", "num_test", "val_size"):
+        if int(_option(cfg, key, 0)) < 0:
+            raise ValueError(f"data.{key} must be >= 0, got {_option(cfg, key, 0)}")
+    return dict(
+        canvas=canvas,
+        min_digits=min_digits,
+        max_digits=max_digits,
+        scale_range=scale_range,
+        num_clutter=num_clutter,
+        clutter_size=clutter_size,
+        grid_cells=grid,
+        clutter_scale=clutter_scale,
+    )
 
 
 @register_dataset("multilabel_digits")
@@ -217,23 +334,17 @@ def build_multilabel_digits(cfg: Any, data_dir: Path | None) -> DataSplits:
     ``train_val_split(60000, cfg.val_size, cfg.seed)`` (so validation canvases hold digits never seen in
     training; with ``val_size == 0`` they are drawn from the training digits, on different canvases); test
     canvases from the MNIST test split. Sizes: ``cfg.num_train`` train canvases (0 -> 20000) and
-    ``cfg.num_test`` val and test canvases each (0 -> 5000). ``cfg.canvas_size`` (0 -> 128),
-    ``cfg.digits_per_canvas`` (default ``(2, 4)``), ``cfg.scale_range`` (default ``(1.0, 2.0)``),
-    ``cfg.num_clutter`` (default 0 here, but a ``DataConfig`` sets 4) and ``cfg.clutter_size`` (8) are
-    passed to :func:`make_multilabel_digits`; each split's seed comes from ``cfg.seed`` and the split name.
+    ``cfg.num_test`` val and test canvases each (0 -> 5000). Passed to :func:`make_multilabel_digits`, each checked
+    with an error naming its key: ``cfg.canvas_size`` (0 -> 128), ``cfg.digits_per_canvas`` (default
+    ``(2, 4)``), ``cfg.scale_range`` (default ``(1.0, 2.0)``), ``cfg.layout_grid`` (0: automatic),
+    ``cfg.num_clutter`` (default 0 here, but a ``DataConfig`` sets 4), ``cfg.clutter_size`` (8) and
+    ``cfg.clutter_scale`` (1.0); each split's seed comes from ``cfg.seed`` and the split name. The cluttered task
+    of the rarl study is :data:`CLUTTER_TASK`.
     """
     if data_dir is None:
         raise ValueError(_MISSING_DIR_MSG)
     seed = int(_option(cfg, "seed", 0))
-    min_digits, max_digits = (int(v) for v in _option(cfg, "digits_per_canvas", (2, 4)))
-    options = dict(
-        canvas=int(_option(cfg, "canvas_size", 0)) or 128,
-        min_digits=min_digits,
-        max_digits=max_digits,
-        scale_range=tuple(float(v) for v in _option(cfg, "scale_range", (1.0, 2.0))),
-        num_clutter=int(_option(cfg, "num_clutter", 0)),
-        clutter_size=int(_option(cfg, "clutter_size", 8)),
-    )
+    options = _config_options(cfg)
     num_train = int(_option(cfg, "num_train", 0)) or 20000
     num_test = int(_option(cfg, "num_test", 0)) or 5000
     images, labels = load_mnist(data_dir, "train")

@@ -14,7 +14,15 @@ REINFORCE with a learned baseline (eq. 8 with the variance reduction of RAM). Cl
 
 Ablations of the paper are switches: ``policy=random`` (random locations, same anchors), one anchor
 (``anchor_areas`` and ``anchor_ratios`` of length 1), ``num_iterations``, ``recurrent=false`` (no LSTM:
-independent predictions), ``mode=global`` (the backbone with global pooling, no attention).
+independent predictions), ``mode=global`` (the backbone with global pooling, no attention). A further control,
+``policy=grid``, visits a fixed grid of T centres spread over the image (:func:`grid_centres`), with the same
+anchors.
+
+Exploration (not in the paper, whose fixed sigma collapses onto one location at our budgets): a linear sigma
+schedule (``std`` -> ``std_final``); a learned sigma (``learn_std``) with an entropy bonus (``entropy_weight``,
+L_H = -beta H(pi)); several sampled episodes per training image (``train_episodes``) with a leave-one-out
+baseline over them (``baseline=loo``, each episode's reward compared with the mean of the image's other episodes)
+instead of the learned baseline of eq. 8.
 """
 
 from __future__ import annotations
@@ -30,8 +38,17 @@ from torch import Tensor, nn
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.metrics.multilabel import multilabel_metrics
-from rlattention.rl import GaussianPolicy, LearnedBaseline, LinearSchedule, policy_gradient_losses, topn_label_reward
-from rlattention.vision.anchors import anchor_boxes, ten_view_boxes
+from rlattention.rl import (
+    GaussianPolicy,
+    LearnedBaseline,
+    LearnedStdGaussianPolicy,
+    LinearSchedule,
+    baseline_loss,
+    leave_one_out_baseline,
+    reinforce_loss,
+    topn_label_reward,
+)
+from rlattention.vision.anchors import anchor_boxes, anchor_shapes, grid_centres, ten_view_boxes
 from rlattention.vision.backbones import SmallCNN, VGG16Features
 from rlattention.vision.crops import crop_boxes
 from rlattention.vision.transforms import random_crop_flip
@@ -53,13 +70,22 @@ class RARLConfig:
     feature_cache: str = "auto"  # frozen units' outputs cached per image: auto | a folder | memory | none
     anchor_areas: list[float] = field(default_factory=lambda: [24.0**2, 48.0**2, 96.0**2])  # input pixels
     anchor_ratios: list[float] = field(default_factory=lambda: [2.0, 1.0, 0.5])  # width : height
+    # the largest anchor area allowed, as a fraction of the image area, checked at construction (null: no check;
+    # the cluttered task's configs set 0.25, so that no anchor sees the whole canvas)
+    max_anchor_fraction: float | None = None
     region_size: int = 4  # side of the fixed-size crop of each region on the feature map
     region_dim: int = 256  # the fully connected map of each region
     hidden_size: int = 256  # LSTM
     num_iterations: int = 5  # T
     std: float = 0.11
     std_final: float | None = None  # anneal sigma linearly to this over training (None: fixed)
-    policy: str = "learned"  # learned | random (ablation: random locations)
+    learn_std: bool = False  # sigma a learned parameter per axis (starting at std), clamped to [std_min, std_max]
+    std_min: float = 0.01
+    std_max: float = 1.0
+    entropy_weight: float = 0.0  # beta of the entropy bonus L_H = -beta H(pi) (needs learn_std)
+    baseline: str = "learned"  # learned (b_t = w^T h_t + c, eq. 8) | loo (leave-one-out over train_episodes) | none
+    train_episodes: int = 1  # sampled episodes per training image (one backbone pass); loo needs >= 2
+    policy: str = "learned"  # learned | random (ablation: uniform random centres) | grid (fixed grid of centres)
     recurrent: bool = True  # false: no LSTM, regions classified independently (ablation)
     mode: str = "attention"  # attention | global (backbone + global pooling baseline)
     cls_loss: str = "softmax_mse"  # softmax_mse (eq. 9-10) | bce
@@ -80,16 +106,19 @@ class RARL(AttentionMethod):
     def __init__(self, cfg: RARLConfig, info: DataInfo) -> None:
         super().__init__()
         for key, value, allowed in [
-            ("policy", cfg.policy, ("learned", "random")),
+            ("policy", cfg.policy, ("learned", "random", "grid")),
             ("mode", cfg.mode, ("attention", "global")),
             ("cls_loss", cfg.cls_loss, ("softmax_mse", "bce")),
+            ("baseline", cfg.baseline, ("learned", "loo", "none")),
         ]:
             if value not in allowed:
                 raise ValueError(f"model.{key} must be one of {allowed}, got {value!r}")
         if cfg.test_views not in (1, 10):
             raise ValueError(f"model.test_views must be 1 or 10, got {cfg.test_views}")
+        self._check_exploration(cfg)
         self.cfg = cfg
         C, H, W = info.image_shape
+        self._check_anchors(cfg, H, W)
         if cfg.crop_margin < 0 or cfg.crop_margin >= min(H, W):
             raise ValueError(f"model.crop_margin must be in [0, {min(H, W)}), got {cfg.crop_margin}")
         self.input_size = min(H, W) - cfg.crop_margin  # side the model sees in training
@@ -115,10 +144,59 @@ class RARL(AttentionMethod):
         else:
             self.core = nn.Linear(cfg.region_dim, cfg.hidden_size)
         self.classifier = nn.Linear(cfg.hidden_size, num_classes)
-        if cfg.policy == "learned":  # random locations need no policy (and DDP wants no unused parameters)
-            self.locator = GaussianPolicy(cfg.hidden_size, 2, cfg.std)
-            self.baseline = LearnedBaseline(cfg.hidden_size, init_value=0.5)
-            self.std_schedule = LinearSchedule(cfg.std, cfg.std_final)
+        if cfg.policy == "learned":  # random/grid locations need no policy (and DDP wants no unused parameters)
+            if cfg.learn_std:
+                self.locator: nn.Module = LearnedStdGaussianPolicy(
+                    cfg.hidden_size, 2, cfg.std, True, cfg.std_min, cfg.std_max
+                )
+            else:
+                self.locator = GaussianPolicy(cfg.hidden_size, 2, cfg.std)
+                self.std_schedule = LinearSchedule(cfg.std, cfg.std_final)
+            if cfg.baseline == "learned":
+                self.baseline = LearnedBaseline(cfg.hidden_size, init_value=0.5)
+        elif cfg.policy == "grid":
+            self.register_buffer("grid", grid_centres(cfg.num_iterations), persistent=False)  # (T, 2)
+
+    @staticmethod
+    def _check_exploration(cfg: RARLConfig) -> None:
+        if cfg.train_episodes < 1:
+            raise ValueError(f"model.train_episodes must be >= 1, got {cfg.train_episodes}")
+        if cfg.baseline == "loo" and cfg.train_episodes < 2:
+            raise ValueError(
+                f"model.baseline=loo compares each episode with the image's other episodes: it needs "
+                f"model.train_episodes >= 2, got {cfg.train_episodes}"
+            )
+        if cfg.entropy_weight < 0:
+            raise ValueError(f"model.entropy_weight must be >= 0, got {cfg.entropy_weight}")
+        if cfg.entropy_weight > 0 and not cfg.learn_std:
+            raise ValueError(
+                "model.entropy_weight > 0 needs model.learn_std=true: a fixed sigma has a constant entropy, so the "
+                "bonus would do nothing"
+            )
+        if cfg.learn_std and cfg.std_final is not None:
+            raise ValueError("model.std_final (a sigma schedule) and model.learn_std=true exclude each other")
+        if cfg.learn_std and not 0 < cfg.std_min <= cfg.std <= cfg.std_max:
+            raise ValueError(
+                f"model.std must lie in [model.std_min, model.std_max] with std_min > 0, got std={cfg.std}, "
+                f"std_min={cfg.std_min}, std_max={cfg.std_max}"
+            )
+
+    @staticmethod
+    def _check_anchors(cfg: RARLConfig, H: int, W: int) -> None:
+        if cfg.max_anchor_fraction is None or cfg.mode == "global":
+            return
+        if not 0 < cfg.max_anchor_fraction <= 1:
+            raise ValueError(f"model.max_anchor_fraction must be in (0, 1] or null, got {cfg.max_anchor_fraction}")
+        try:
+            shapes = anchor_shapes(cfg.anchor_areas, cfg.anchor_ratios)
+        except ValueError as e:
+            raise ValueError(f"model.anchor_areas / model.anchor_ratios: {e}") from None
+        largest = max(w * h for w, h in shapes)
+        if largest > cfg.max_anchor_fraction * H * W * (1 + 1e-9):
+            raise ValueError(
+                f"model.anchor_areas: the largest anchor covers {largest:g} px, {largest / (H * W):.3g} of the "
+                f"{H} x {W} image, more than model.max_anchor_fraction={cfg.max_anchor_fraction:g}"
+            )
 
     @classmethod
     def from_config(cls, cfg: RARLConfig, info: DataInfo) -> RARL:
@@ -135,7 +213,7 @@ class RARL(AttentionMethod):
         cache_trunk_inputs(self.backbone, parts, self.cfg.feature_cache, self.cfg.hflip, "feature maps")
 
     def set_progress(self, progress: float) -> None:
-        if hasattr(self, "locator"):
+        if hasattr(self, "std_schedule"):
             self.locator.std = self.std_schedule(progress)
 
     @property
@@ -172,13 +250,16 @@ class RARL(AttentionMethod):
         h_r, state = self._regions(fmap, whole, None)  # R_0: the whole image
         h = h_r.mean(1)
         log_pis, baselines, locs, scores = [], [], [], []
-        for _t in range(cfg.num_iterations):
+        for t in range(cfg.num_iterations):
             if cfg.policy == "random":
                 loc = torch.rand(B, 2, generator=generator, device=fmap.device, dtype=fmap.dtype) * 2 - 1
+            elif cfg.policy == "grid":
+                loc = self.grid[t].to(fmap.dtype).expand(B, 2)
             else:
                 act = self.locator(h if cfg.policy_grad_to_core else h.detach(), deterministic, generator)
                 log_pis.append(act.log_prob)  # log pi(l_t | h_{t-1}) of the l_t used below
-                baselines.append(self.baseline(h))
+                if hasattr(self, "baseline"):
+                    baselines.append(self.baseline(h))
                 loc = act.action
             locs.append(loc)
             boxes = anchor_boxes(loc, cfg.anchor_areas, cfg.anchor_ratios, input_hw)  # R_t: (B, k, 4)
@@ -195,14 +276,19 @@ class RARL(AttentionMethod):
             torch.stack(locs, 1),
         )
 
-    def _scores(self, images: Tensor, deterministic: bool, generator=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _scores(
+        self, images: Tensor, deterministic: bool, generator=None, episodes: int = 1
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``episodes`` episodes per image on one backbone pass: rows ``b * episodes + e`` of the outputs."""
         # scores leave the model in fp32 under any autocast: bf16 scores (8 significand bits) tie across images
         # of a class, which reorders the per-class ranking of mAP and the top-n of the reward
         fmap = self.backbone.feature_map(images)
         if self.cfg.mode == "global":
-            a = self.head(fmap.mean(dim=(-2, -1))).float()
+            a = self.head(fmap.mean(dim=(-2, -1))).float().repeat_interleave(episodes, 0)
             z = a.new_zeros(a.shape[0], 0)
             return a, z, z, a.new_zeros(a.shape[0], 0, 2)
+        if episodes > 1:
+            fmap = fmap.repeat_interleave(episodes, 0)
         return self.episode(fmap, tuple(images.shape[-2:]), deterministic, generator)
 
     def _probs(self, a: Tensor) -> Tensor:
@@ -213,7 +299,10 @@ class RARL(AttentionMethod):
         cfg = self.cfg
         if cfg.crop_margin > 0 or cfg.hflip:
             images = random_crop_flip(images, self.input_size, cfg.hflip)
-        a, log_pi, b, _ = self._scores(images, deterministic=False)
+        E = cfg.train_episodes if cfg.mode == "attention" else 1
+        a, log_pi, b, _ = self._scores(images, deterministic=False, episodes=E)
+        if E > 1:  # E sampled episodes per image: each is a training example of the classifier and the policy
+            targets = targets.repeat_interleave(E, 0)
         y = (targets > 0).float()  # -1 (VOC 'difficult' only) counts as absent in training
         if cfg.cls_loss == "softmax_mse":
             n = y.sum(-1, keepdim=True)
@@ -229,19 +318,40 @@ class RARL(AttentionMethod):
         if log_pi.shape[1] > 0:
             G = R[:, None].expand_as(log_pi)  # gamma = 1: every action gets r_T
             labelled = (y.sum(-1) > 0)[:, None].expand_as(log_pi)  # no label: no reward signal, no update
-            l_rl, l_b = policy_gradient_losses(log_pi, G, b, mask=labelled)
-            loss = loss + cfg.reinforce_weight * l_rl + cfg.baseline_weight * l_b
-            terms.update(reinforce=l_rl, baseline=l_b)
+            if cfg.baseline == "learned":  # eq. 8 with b_t = w^T h_t + c, trained by its own regression loss
+                l_rl = reinforce_loss(log_pi, G, b, mask=labelled)
+                l_b = baseline_loss(b, G, labelled)
+                loss = loss + cfg.baseline_weight * l_b
+                terms["baseline"] = l_b
+            elif cfg.baseline == "loo":  # b = mean reward of the image's other E - 1 episodes (detached)
+                b_loo = leave_one_out_baseline(R.view(-1, E), dim=1).reshape(-1, 1).expand_as(log_pi)
+                l_rl = reinforce_loss(log_pi, G, b_loo, mask=labelled)
+            else:
+                l_rl = reinforce_loss(log_pi, G, None, mask=labelled)
+            loss = loss + cfg.reinforce_weight * l_rl
+            terms["reinforce"] = l_rl
+            if cfg.learn_std:
+                H = self.locator.entropy()  # H(pi), the same for every state
+                stats["sigma"] = self.locator.std.detach().mean()
+                if cfg.entropy_weight > 0:
+                    l_H = -cfg.entropy_weight * H  # entropy bonus: L_H = -beta H(pi)
+                    loss = loss + l_H
+                    terms["entropy"] = l_H
         return StepOutput(loss, terms, stats)
 
     # -------------------------------------------------------------------------------------------- testing
     @torch.no_grad()
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
-        """Label probabilities ``(B, K)``: mean locations (or ``mc_samples`` sampled episodes), one view or the
-        average of ten views cropped from the feature maps of the full image (one backbone pass)."""
+        """Label probabilities ``(B, K)``: mean locations (or the average of ``mc_samples`` sampled episodes), one
+        view or the average of ten views cropped from the feature maps of the full image; one backbone pass either
+        way (the episodes share it)."""
         runs = max(1, mc_samples)
         if self.cfg.test_views == 1:
-            return sum(self._probs(self._scores(images, mc_samples <= 0, generator)[0]) for _ in range(runs)) / runs
+            fmap = self.backbone.feature_map(images)
+            if self.cfg.mode == "global":  # deterministic: every episode would give the same scores
+                return self._probs(self.head(fmap.mean(dim=(-2, -1))).float())
+            hw = tuple(images.shape[-2:])
+            return sum(self._probs(self.episode(fmap, hw, mc_samples <= 0, generator)[0]) for _ in range(runs)) / runs
         B = images.shape[0]
         if images.shape[-2] != images.shape[-1]:
             raise ValueError(f"ten-view evaluation needs square images, got {tuple(images.shape[-2:])}")
@@ -268,17 +378,31 @@ class RARL(AttentionMethod):
 
     @torch.no_grad()
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
-        from rlattention.vision.plot import plot_regions
+        """``regions_steps.png``: the images with the regions of every step (thin boxes coloured and numbered by
+        step), their true labels and the predicted ones (the rule of CF1/OF1: top-3 with probability >= 0.1);
+        and one ``regions_<i>.png`` per image. Mean locations for the learned policy."""
+        from rlattention.vision.plot import plot_region_steps, plot_regions
 
         if self.cfg.mode == "global":
             return []
         a, _, _, locs = self._scores(images, deterministic=True, generator=generator)
         probs = self._probs(a)
-        paths = []
+        hw = tuple(images.shape[-2:])
+        boxes = torch.stack([anchor_boxes(locs[i], self.cfg.anchor_areas, self.cfg.anchor_ratios, hw) for i in
+                             range(len(images))]) if len(images) else locs.new_zeros(0, 0, 0, 4)  # fmt: skip
+        titles, colours, paths = [], [], []
         for i in range(len(images)):
-            boxes = anchor_boxes(locs[i], self.cfg.anchor_areas, self.cfg.anchor_ratios, tuple(images.shape[-2:]))
             truth = [int(c) for c in (targets[i] > 0).nonzero().flatten()]
-            top = probs[i].topk(max(1, len(truth))).indices.tolist()
-            title = f"labels {truth}, top-{len(top)} predicted {top}"
-            paths.append(plot_regions(images[i], locs[i], boxes, Path(out_dir) / f"regions_{i:03d}.png", title))
+            top = probs[i].topk(min(3, probs.shape[1]))
+            predicted = sorted(int(c) for c, p in zip(top.indices, top.values, strict=True) if p >= 0.1)
+            titles.append(f"true {' '.join(map(str, truth)) or '-'} | predicted {' '.join(map(str, predicted)) or '-'}")
+            colours.append("tab:green" if set(predicted) == set(truth) else "tab:red")
+            title = f"labels {truth}, predicted (top-3, p >= 0.1) {predicted}"
+            paths.append(plot_regions(images[i], locs[i], boxes[i], Path(out_dir) / f"regions_{i:03d}.png", title))
+        if len(images):
+            how = {"learned": "learned policy, mean locations", "random": "random centres", "grid": "fixed grid"}
+            T, k = self.cfg.num_iterations, self.num_regions
+            head = f"rarl, {how[self.cfg.policy]}: T = {T} steps x {k} regions (green title: labels all right)"
+            path = Path(out_dir) / "regions_steps.png"
+            paths.insert(0, plot_region_steps(images, locs, boxes, titles, path, colours, head))
         return paths

@@ -10,7 +10,7 @@ from rlattention.rl.bootstrap import (
     importance_weights,
     sample_heads,
 )
-from rlattention.rl.policies import GaussianPolicy, gaussian_log_prob
+from rlattention.rl.policies import GaussianPolicy, LearnedStdGaussianPolicy, gaussian_entropy, gaussian_log_prob
 from rlattention.rl.ppo import ppo_clip_loss
 from rlattention.rl.reinforce import policy_gradient_losses, reinforce_loss
 from rlattention.rl.returns import discounted_returns, terminal_returns
@@ -39,6 +39,8 @@ __all__ = [
     "rank_threshold_reward",
     "sample_heads",
     "GaussianPolicy",
+    "LearnedStdGaussianPolicy",
+    "gaussian_entropy",
     "LearnedBaseline",
     "LinearSchedule",
     "baseline_loss",

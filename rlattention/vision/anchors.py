@@ -33,6 +33,24 @@ def anchor_boxes(
     return torch.cat((c - half, c + half), dim=-1)
 
 
+def grid_centres(steps: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``steps`` fixed centres ``(steps, 2)`` (x, y) in [-1, 1] that spread over the image: the cell centres of a
+    ``g x g`` grid, ``g = floor(sqrt(steps))``, row by row, then the inner corners of that grid from the image
+    centre outwards (ties row by row), cycling through both lists if more are needed.
+
+    Five steps give the four quadrant centres (+-0.5, +-0.5) and the image centre: with anchors of a quarter of
+    the image, the first four tile it. Ten give the 3 x 3 cell centres and one inner corner.
+    """
+    if steps < 1:
+        raise ValueError(f"a grid needs at least one step, got {steps}")
+    g = math.isqrt(steps)
+    cells = [((2 * j + 1) / g - 1, (2 * i + 1) / g - 1) for i in range(g) for j in range(g)]
+    corners = [(2 * j / g - 1, 2 * i / g - 1) for i in range(1, g) for j in range(1, g)]
+    corners.sort(key=lambda c: round(c[0] ** 2 + c[1] ** 2, 9))  # stable: ties keep row order
+    order = cells + corners
+    return torch.tensor([order[t % len(order)] for t in range(steps)], dtype=dtype)
+
+
 def ten_view_boxes(size: int, crop: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """The five ``crop x crop`` views of a ``size x size`` image (top-left, top-right, bottom-left,
     bottom-right, centre) as normalised boxes ``(5, 4)``; the other five views are their mirror images."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -150,6 +151,74 @@ def plot_regions(image: Tensor, locations: Tensor, boxes: Tensor, path: Path, ti
     ax.set_ylim(H, 0)
     ax.set_title(title, fontsize=8)
     ax.axis("off")
+    return _save(fig, path)
+
+
+def step_colours(T: int):
+    """T distinct colours, one per step (tab10 up to 10 steps, then a sampled rainbow)."""
+    import matplotlib.pyplot as plt
+
+    if T <= 10:
+        return [plt.cm.tab10(t) for t in range(T)]
+    return [plt.cm.gist_rainbow(t / max(1, T - 1)) for t in range(T)]
+
+
+def plot_region_steps(
+    images: Tensor,
+    locations: Tensor,
+    boxes: Tensor,
+    titles: Sequence[str],
+    path: Path,
+    title_colours: Sequence[str] | None = None,
+    suptitle: str = "",
+    columns: int = 0,
+) -> Path:
+    """Several images, each with the regions attended at every step: thin boxes in one colour per step and the
+    step's number at its centre, a legend of the step colours, one title per panel (e.g. true and predicted labels).
+
+    images ``(N, C, H, W)`` in [0, 1]; locations ``(N, T, 2)`` in [-1, 1]; boxes ``(N, T, k, 4)`` normalised
+    (x0, y0, x1, y1); titles: N strings; title_colours: N matplotlib colours (default black); columns: panels per
+    row (0: ceil(sqrt(N)), at most 4). Writes a PNG.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    N, T = locations.shape[:2]
+    H, W = images.shape[-2:]
+    cols = max(1, min(columns or min(4, math.ceil(math.sqrt(N))), N))
+    rows = -(-N // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.3 * rows + 0.5), squeeze=False)
+    colours = step_colours(T)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i in range(N):
+        ax = axes.flat[i]
+        ax.imshow(_as_image(images[i]), cmap="gray", vmin=0, vmax=1, extent=(0, W, H, 0))
+        px = locations_to_pixels(locations[i].detach().float().cpu(), H, W).numpy()
+        for t in range(T):
+            for box in boxes[i, t]:
+                left, top, w, h = _box_to_pixels(box.detach().cpu(), H, W)
+                ax.add_patch(Rectangle((left, top), w, h, fill=False, edgecolor=colours[t], lw=0.6, alpha=0.9))
+        for t in range(T):  # numbers last, on top of every box; a step at (nearly) an earlier step's centre is
+            # labelled below it, so that a policy that revisits one place shows every step's number
+            repeats = sum(1 for u in range(t) if abs(px[u] - px[t]).max() < 0.05 * max(H, W))
+            ax.text(
+                px[t, 0], px[t, 1] + repeats * 0.07 * H, str(t + 1), color="white", fontsize=7, ha="center",
+                va="center", fontweight="bold",
+                bbox=dict(boxstyle="round,pad=0.15", facecolor=colours[t], edgecolor="none", alpha=0.85),
+            )  # fmt: skip
+        ax.set_xlim(0, W)
+        ax.set_ylim(H, 0)
+        colour = title_colours[i] if title_colours else "black"
+        ax.set_title(titles[i], fontsize=8, color=colour)
+    handles = [Patch(facecolor="none", edgecolor=colours[t], label=f"step {t + 1}") for t in range(T)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(T, 10), fontsize=7, frameon=False)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, path)
 
 

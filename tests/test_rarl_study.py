@@ -1,0 +1,77 @@
+"""benchmarks/rarl_study.py: the issue's rows and metrics, each row a config that loads with the study's budget, the
+controls at the learned row's cost, and the metrics taken from a rarl report.json into the summary (no training)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ISSUE_ROWS = ["learned", "random", "grid", "global", "single", "nolstm", "t1", "t10"]
+
+
+@pytest.fixture(scope="module")
+def study():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # rarl_study imports its sibling study.py
+    try:
+        import rarl_study
+
+        yield rarl_study
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_rows_are_the_issues_with_their_configs_and_one_budget(study):
+    from rlattention.engine.config import load_config
+
+    rows = study.rows()
+    assert [r.name for r in rows if r.issue_row] == ISSUE_ROWS
+    assert study.STUDY == "rarl_multilabel" and list(study.METRIC_KEYS) == ["map", "cf1", "of1"]
+    cfgs = {}
+    for r in rows:
+        assert r.overrides[: len(study.BUDGET)] == study.BUDGET  # the same budget in every row
+        cfg = load_config(ROOT / r.config, r.overrides)  # the config exists and the overrides fit its schema
+        assert cfg.method == "rarl" and cfg.data.name == "multilabel_digits" and cfg.data.canvas_size == 128
+        cfgs[r.name] = cfg
+    learned = cfgs["learned"]
+    assert {r.name: r.config for r in rows}["learned"] == "configs/rarl_clutter.yaml"
+    assert learned.model.policy == "learned" and learned.model.mode == "attention"
+    assert (cfgs["random"].model.policy, cfgs["grid"].model.policy, cfgs["global"].model.mode) == (
+        "random", "grid", "global",
+    )  # fmt: skip
+    for name in ("random", "grid"):  # equal cost: only the policy differs
+        m = cfgs[name].model
+        assert (m.anchor_areas, m.anchor_ratios, m.num_iterations, m.train_episodes, m.backbone_channels) == (
+            learned.model.anchor_areas, learned.model.anchor_ratios, learned.model.num_iterations,
+            learned.model.train_episodes, learned.model.backbone_channels,
+        )  # fmt: skip
+    assert all(c.eval.mc_samples == learned.eval.mc_samples >= 2 for c in cfgs.values())
+    assert (cfgs["t1"].model.num_iterations, cfgs["t10"].model.num_iterations) == (1, 10)
+    assert len(cfgs["single"].model.anchor_areas) * len(cfgs["single"].model.anchor_ratios) == 1
+    assert cfgs["nolstm"].model.recurrent is False
+    assert cfgs["learned_paper"].model.std == 0.11 and not cfgs["learned_paper"].model.learn_std
+
+
+def test_metrics_are_percentages_and_reach_the_summary(study, tmp_path):
+    import study as runner
+
+    report = {"test": {"mAP": 0.8123, "CF1": 0.7, "OF1": 0.75, "CP": 0.1, "count": 2000.0}, "train_seconds": 10.0}
+    got = study.metrics(report)
+    assert got == pytest.approx({"map": 81.23, "cf1": 70.0, "of1": 75.0})
+    with pytest.raises(KeyError, match="mAP"):
+        study.metrics({"test": {"CF1": 0.1, "OF1": 0.1}})
+    records = [
+        {"row": row, "seed": s, "overrides": study.BUDGET, "command": "rlattention fit trainer.num_threads=1",
+         "report": {**report, "test": {**report["test"], "mAP": value}}}
+        for s in (1, 0) for row, value in (("learned", 0.9), ("random", 0.885))
+    ]  # fmt: skip
+    doc = runner.summarise(study.STUDY, study.rows(), records, study.metrics, "d", "c", tmp_path, primary="map")
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved == doc and [r["name"] for r in doc["rows"]] == ["learned", "random"]
+    assert doc["rows"][0]["metrics"]["map"] == [90.0, 90.0]
+    assert "PARTIAL" in doc["description"] and "grid (0 of 3 seeds)" in doc["description"]
+    md = study.target_md(doc)
+    assert "learned - random: +1.50 mAP (met)" in md and "grid: not recorded yet" in md
