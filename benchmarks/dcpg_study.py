@@ -34,6 +34,18 @@ they shrink like a power law fitted to the same points, only after epoch 17. The
 the first estimate and, in the second, turns the slow drift left (2-3 points per epoch) into the usual jump at the
 step, after which 4 epochs at the low rate are what the criterion checks.
 
+Step time (issue 19): the training step computes the same losses as before (equal up to float rounding; the
+exploration draws are the same random numbers) with less work: the caption decoder on the real positions only,
+its first convolution shared by the image and text branches, the text GRUs on the packed captions, word_fc once
+per vocabulary word, one instance product for both branches, and validation encoding each image once.
+Measured interleaved in one process against the step as first written (``ReferenceDCPG`` of
+tests/methods/test_dcpg_speed.py, same weights, batches and seeds), 1 thread under nice beside two other
+trainings on the 2 cores, ``RLATTENTION_CACHE=/tmp/rlcache nice -n 10 python benchmarks/dcpg_step_speed.py
+--data-dir ../shared/data/mnist [--config configs/dcpg_digit_scenes_baseline.yaml]``: ``full`` 2.11x faster per
+step (median of 30: 1157 -> 548 ms), ``baseline`` 2.55x (904 -> 355 ms); validation 1.56x (4.85 -> 3.11 s). The
+rest is arithmetic the model asks for (the decoder's second convolution over ~3,100 positions, the
+10,000-way instance classifier, the GRUs, the GCN), so the epoch times above shrink by about these ratios.
+
 Metrics (percent, 0-100; the test split, evaluated once on the checkpoint of the best validation rsum): ``rsum``
 (sum of the six recalls, 0-600), ``i2t_r1``, ``i2t_r5``, ``i2t_r10`` (image query, caption gallery),
 ``t2i_r1``, ``t2i_r5``, ``t2i_r10``. The issue's target: ``full`` at least 5 rsum above ``baseline`` and above

@@ -24,6 +24,11 @@ without a policy (``pg: none``) use the constant Att = ``fixed_attention``, by d
 uniform policy over the bins (0.5 with ``bin_map: logit``, what the initial policy draws on average), so that
 their features have the same scale lambda / 2 instead of 1.
 
+Speed (the same numbers, less work; tests/methods/test_dcpg_speed.py checks each against the slow version): the
+text decoder runs on the real caption positions only, once for both branches (:meth:`CaptionDecoder.loss_sum`);
+the text GRUs run on the packed captions (:func:`~rlattention.rl.discrete_continuous.gru_sequence`); the word
+features are word_fc of the vocabulary, looked up; evaluation encodes each image of a batch once.
+
 Controls: ``noise_matched: true`` keeps the policies at their initial weights (frozen) and drops the
 policy-gradient terms: the attention is drawn in training from the initial policy's distribution (and is its
 mode at evaluation), which separates "attention noise as a regulariser" from "learned attention".
@@ -62,6 +67,7 @@ from rlattention.rl.discrete_continuous import (
     MU_GRADS,
     DiscreteContinuousPolicy,
     dcpg_losses,
+    gru_sequence,
     in_batch_retrieval_reward,
     mean_uniform_attention,
 )
@@ -136,13 +142,82 @@ class CaptionDecoder(nn.Module):
         self.out = nn.Linear(width, vocab_size)
 
     def loss(self, embedding: Tensor, tokens: Tensor) -> Tensor:
-        """Teacher-forced cross-entropy of ``tokens`` ``(B, L)`` (0 = padding) given ``embedding`` ``(B, E)``."""
+        """Teacher-forced cross-entropy of ``tokens`` ``(B, L)`` (0 = padding) given ``embedding`` ``(B, E)``:
+        the mean over the non-padding targets ``tokens[:, 1:]``."""
+        return self.loss_sum((embedding,), tokens)
+
+    def loss_sum(self, embeddings: Sequence[Tensor], tokens: Tensor) -> Tensor:
+        """``sum_k loss(embeddings[k], tokens)`` in one pass (the image and the text branch share the captions).
+
+        Equal up to float rounding to the dense computation (``nn.Conv1d`` over all ``L - 1`` positions of every
+        branch, cross-entropy with ``ignore_index=0``; tests/methods/test_dcpg_speed.py keeps it as the
+        reference), with less work:
+
+        * packed positions only: the position t of a caption is kept when some target at or after t is not
+          padding (for captions padded at the end, the positions of its real targets). The convolutions are
+          causal, so a kept position reads kept positions only; the others carry no loss;
+        * a convolution is one matrix product of the ``kernel`` shifted copies of the packed rows;
+        * the first convolution is linear in its input words + cond(embedding): its words part is computed once
+          for all branches, its cond part once per caption (the same at every position once all taps lie inside
+          the caption).
+        """
         inp, target = tokens[:, :-1], tokens[:, 1:]
-        x = (self.words(inp) + self.cond(embedding)[:, None]).transpose(1, 2)  # (B, W, L-1)
-        for conv in self.convs:
-            x = x + F.glu(conv(F.pad(x, (self.kernel - 1, 0))), dim=1)  # causal: sees tokens <= t only
-        logits = self.out(x.transpose(1, 2))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=0)
+        valid = target != 0  # (B, L-1)
+        positions = torch.arange(valid.shape[1], device=tokens.device)
+        lengths = (valid * (positions + 1)).amax(1)  # 1 + the last real target of each caption (0: none)
+        b_idx, t_idx = (positions < lengths[:, None]).nonzero(as_tuple=True)  # packed rows, caption-major (N,)
+        K, N, k = len(embeddings), len(b_idx), self.kernel
+        keep = [(t_idx >= shift).unsqueeze(-1) for shift in range(k)]  # the row `shift` back is in the caption
+        ids = inp[b_idx, t_idx]
+        words = self.words(ids)  # (N, W)
+        cond = self.cond(torch.stack(tuple(embeddings)))  # (K, B, W)
+        first = self.convs[0]
+        if self.words.num_embeddings < N:  # tap j of every word of the vocabulary, then a sum of k rows per position
+            y_words = self._first_taps_by_word(ids, keep) + first.bias
+        else:
+            y_words = F.linear(_causal_taps(words, keep), _tap_major(first.weight), first.bias)  # (N, 2W)
+        q = torch.einsum("kbc,ocj->kbjo", cond, first.weight)  # (K, B, k, 2W): tap j applied to cond
+        q = q.flip(2).cumsum(2)  # [:, :, m]: the sum of the taps that read inside the caption at position m
+        y_cond = q.reshape(K, -1, q.shape[-1]).index_select(1, b_idx * k + t_idx.clamp(max=k - 1))  # (K, N, 2W)
+        x = words + cond[:, b_idx] + F.glu(y_words + y_cond, dim=-1)  # (K, N, W)
+        x = x.reshape(K * N, -1)  # branch-major
+        keep = [m.repeat(K, 1) for m in keep]
+        for conv in self.convs[1:]:
+            x = x + F.glu(F.linear(_causal_taps(x, keep), _tap_major(conv.weight), conv.bias), dim=-1)
+        logits = self.out(x)  # (K N, V)
+        nll = F.cross_entropy(logits, target[b_idx, t_idx].repeat(K), ignore_index=0, reduction="sum")
+        return nll / valid.sum()
+
+    def _first_taps_by_word(self, ids: Tensor, keep: list[Tensor]) -> Tensor:
+        """The words part of the first convolution without its bias, ``(N, 2W)``, from the packed ids ``(N,)``:
+        ``sum_j W_j words[id at t - (k-1-j)]`` over the taps inside the caption, as ``k`` rows of the table
+        ``W_j words[v]`` (``(k V, 2W)``, one product with the vocabulary instead of one with every position)."""
+        V, k, weight = self.words.num_embeddings, self.kernel, self.words.weight
+        pad = self.words.padding_idx
+        if pad is not None:  # the padding word gets no gradient, as in nn.Embedding
+            weight = torch.cat((weight[:pad], weight[pad : pad + 1].detach(), weight[pad + 1 :]))
+        first = self.convs[0].weight  # (2W, W, k)
+        table = torch.einsum("vc,ocj->jvo", weight, first).reshape(k * V, -1)  # row j V + v: W_j words[v]
+        table = torch.cat((table, table.new_zeros(1, table.shape[1])))  # row k V: nothing (before the start)
+        index = []
+        for j in range(k):
+            shift = k - 1 - j
+            back = ids if shift == 0 else F.pad(ids, (shift, 0))[: len(ids)]  # the id `shift` positions back
+            index.append(torch.where(keep[shift].squeeze(-1), j * V + back, k * V))
+        return F.embedding_bag(torch.stack(index, 1), table, mode="sum")
+
+
+def _tap_major(weight: Tensor) -> Tensor:
+    """A ``Conv1d`` weight ``(O, C, k)`` as the matrix ``(O, k C)`` of :func:`_causal_taps`' columns."""
+    return weight.permute(0, 2, 1).reshape(weight.shape[0], -1)
+
+
+def _causal_taps(x: Tensor, keep: list[Tensor]) -> Tensor:
+    """Packed rows ``(M, C)`` (each caption's positions consecutive) -> ``(M, k C)``: for tap j = 0..k-1 the row
+    k-1-j places back, 0 where that lies before the caption's start (``keep[shift]`` ``(M, 1)`` bool: the
+    position is >= shift), i.e. the input windows of a causal convolution with left padding k-1."""
+    k = len(keep)
+    return torch.cat([x if s == 0 else F.pad(x, (0, 0, s, 0))[: len(x)] * keep[s] for s in range(k - 1, -1, -1)], -1)
 
 
 #: The version of the attention scheme saved with the weights (buffer ``attention_scheme``): 2 = the bins of
@@ -302,9 +377,7 @@ class DCPG(AttentionMethod):
             last, mean = h[:, -1], x.mean(1)
         else:
             lengths = mask.sum(1).clamp(min=1)
-            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            _, h_n = gru(packed)
-            last = h_n[-1]
+            _, last = gru_sequence(gru, x, lengths)  # the packed sequences
             mean = (x * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(-1).to(x.dtype)
         return F.normalize(last + mean, dim=-1), out  # I_E = h_g^T + mean_t I_A
 
@@ -312,9 +385,17 @@ class DCPG(AttentionMethod):
         v = self.gcn(self.region_fc(regions.flatten(1, -2) if regions.ndim == 4 else regions))  # I^1..I^T
         return self._fuse(v, None, self.image_policy, self.image_gru, deterministic)
 
+    def word_features(self, tokens: Tensor) -> Tensor:
+        """word_fc(word_embedding(tokens)) ``(B, L, E)``; with fewer words in the vocabulary than tokens, as
+        a lookup in word_fc applied to the whole vocabulary (the same values, computed once per word)."""
+        if self.word_embedding.num_embeddings <= tokens.numel():
+            table = self.word_fc(self.word_embedding.weight)
+            return F.embedding(tokens, table, padding_idx=self.word_embedding.padding_idx)
+        return self.word_fc(self.word_embedding(tokens))
+
     def encode_texts(self, tokens: Tensor, deterministic: bool):
         mask = tokens != 0
-        w = self.word_fc(self.word_embedding(tokens))
+        w = self.word_features(tokens)
         return self._fuse(w, mask, self.text_policy, self.text_gru, deterministic)
 
     # ---------------------------------------------------------------- training
@@ -327,11 +408,11 @@ class DCPG(AttentionMethod):
         same = ids[:, None] == ids[None, :]
         terms = {"triplet": hardest_negative_triplet(sims, same, cfg.margin)}
         if self.instance is not None:
-            terms["instance"] = cfg.instance_weight * (
-                F.cross_entropy(self.instance(img), ids) + F.cross_entropy(self.instance(txt), ids)
-            )
+            # the mean cross-entropy of the images plus that of the captions, as one product with the classifier
+            logits = self.instance(torch.cat((img, txt)))
+            terms["instance"] = cfg.instance_weight * F.cross_entropy(logits, ids.repeat(2), reduction="sum") / len(ids)
         if self.decoder is not None:
-            terms["decoding"] = cfg.decoding_weight * (self.decoder.loss(img, tokens) + self.decoder.loss(txt, tokens))
+            terms["decoding"] = cfg.decoding_weight * self.decoder.loss_sum((img, txt), tokens)
         stats = {}
         if img_pg is not None:
             r_img = in_batch_retrieval_reward(sims, same, cfg.reward)  # image queries, captions as gallery
@@ -353,9 +434,19 @@ class DCPG(AttentionMethod):
     def predict_batch(
         self, images: Tensor, targets: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``[I_E, T_E]`` ``(B, 2E)`` per caption item, with mean actions."""
+        """``[I_E, T_E]`` ``(B, 2E)`` per caption item, with mean actions. The items of one image (the same id in
+        ``targets[:, 0]`` and equal region features: the 5 captions of an image in an evaluation batch) share
+        one encoding of the image (deterministic, so the same as encoding each)."""
         with torch.no_grad():
-            img, _ = self.encode_images(images, deterministic=True)
+            ids = targets[:, 0]
+            _, inverse = torch.unique(ids, return_inverse=True)
+            first = torch.full((int(inverse.max()) + 1 if len(ids) else 0,), len(ids), device=ids.device)
+            first = first.scatter_reduce(0, inverse, torch.arange(len(ids), device=ids.device), "amin")
+            if len(first) < len(ids) and torch.equal(images[first][inverse], images):
+                img, _ = self.encode_images(images[first], deterministic=True)
+                img = img[inverse]
+            else:
+                img, _ = self.encode_images(images, deterministic=True)
             txt, _ = self.encode_texts(targets[:, 1:], deterministic=True)
         return torch.cat((img, txt), 1)
 
@@ -376,7 +467,7 @@ class DCPG(AttentionMethod):
         if self.image_policy is None:
             return None, None
         v = self.gcn(self.region_fc(images.flatten(1, -2)))
-        w = self.word_fc(self.word_embedding(tokens))
+        w = self.word_features(tokens)
         return (
             self.image_policy(v, None, deterministic=True).attention,
             self.text_policy(w, tokens != 0, deterministic=True).attention,
@@ -395,7 +486,7 @@ class DCPG(AttentionMethod):
     def _attention_heads(self, regions: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """Deterministic attention of every head: regions ``(B, R, H)``, words ``(B, L, H)`` (0 on padding)."""
         v = self.gcn(self.region_fc(regions))
-        w = self.word_fc(self.word_embedding(tokens))
+        w = self.word_features(tokens)
         return (
             self.image_policy(v, None, deterministic=True).head_attention,
             self.text_policy(w, tokens != 0, deterministic=True).head_attention,

@@ -81,6 +81,121 @@ def mean_uniform_attention(num_bins: int, bin_map: str = "logit", mode: str = "d
     return float(torch.sigmoid(bin_mean(k, num_bins, bin_map)).mean())
 
 
+class _PackedGRU(torch.autograd.Function):
+    """One GRU layer over packed sequences from the zero state, with the backward pass written out (see
+    :func:`gru_sequence`). ``x``: ``(S, F)`` the data of a ``PackedSequence`` (time-major, rows sorted by
+    decreasing length), ``batch_sizes``: its rows per step. Returns the packed outputs ``(S, H)``.
+
+    Forward, per step t on its n_t rows: gh = W_hh h + b_hh; r, z = sigmoid(gi_rz + gh_rz);
+    n = tanh(gi_n + r gh_n); h' = n + z (h - n), where gi = W_ih x + b_ih of all steps is one matrix product
+    and h is the output of the step before (the sequence of a row keeps its position while it runs). Backward:
+    the recurrence run back with one matrix product per step, the factors that do not depend on it computed
+    for all steps at once; the gradients of x, of the weights and of the biases are one product (or sum) each."""
+
+    @staticmethod
+    def forward(ctx, x, weight_ih, weight_hh, bias_ih, bias_hh, batch_sizes):  # noqa: ANN001, ANN205
+        S, H = len(x), weight_hh.shape[1]
+        gi = torch.addmm(bias_ih, x, weight_ih.t())  # (S, 3H)
+        gh, rz = x.new_empty(S, 3 * H), x.new_empty(S, 2 * H)
+        n, outputs = x.new_empty(S, H), x.new_empty(S, H)
+        w_hh_t = weight_hh.t()
+        start, h = 0, x.new_zeros(batch_sizes[0], H)
+        for size in batch_sizes:
+            rows = slice(start, start + size)
+            h = h[:size]
+            torch.addmm(bias_hh, h, w_hh_t, out=gh[rows])
+            torch.add(gi[rows, : 2 * H], gh[rows, : 2 * H], out=rz[rows]).sigmoid_()
+            torch.addcmul(gi[rows, 2 * H :], rz[rows, :H], gh[rows, 2 * H :], out=n[rows]).tanh_()
+            h = torch.addcmul(n[rows], rz[rows, H:], h - n[rows], out=outputs[rows])
+            start += size
+        ctx.save_for_backward(x, weight_ih, weight_hh, outputs, gh, rz, n)
+        ctx.batch_sizes = batch_sizes
+        return outputs
+
+    @staticmethod
+    def backward(ctx, d_outputs):  # noqa: ANN001, ANN205
+        x, weight_ih, weight_hh, outputs, gh, rz, n = ctx.saved_tensors
+        sizes = ctx.batch_sizes
+        S, H = len(x), weight_hh.shape[1]
+        r, z = rz[:, :H], rz[:, H:]
+        h_prev = torch.cat([outputs.new_zeros(sizes[0], H)] + [outputs[a : a + m] for a, m in _previous_rows(sizes)])
+        # d h' -> d n (through tanh), d z (pre-sigmoid) and d r (pre-sigmoid, via d n), for all steps at once
+        to_n = (1 - z) * (1 - n * n)
+        to_z = (h_prev - n) * z * (1 - z)
+        to_r = gh[:, 2 * H :] * r * (1 - r)
+        d_gh = x.new_empty(S, 3 * H)  # d(W_hh h + b_hh); its r, z parts are also those of d(W_ih x + b_ih)
+        d_n = x.new_empty(S, H)  # the n part of d(W_ih x + b_ih)
+        dh = x.new_zeros(sizes[0], H)
+        end = S
+        for size in reversed(sizes):
+            rows = slice(end - size, end)
+            d_new = dh[:size] + d_outputs[rows]
+            torch.mul(d_new, to_n[rows], out=d_n[rows])
+            torch.mul(d_n[rows], to_r[rows], out=d_gh[rows, :H])
+            torch.mul(d_new, to_z[rows], out=d_gh[rows, H : 2 * H])
+            torch.mul(d_n[rows], r[rows], out=d_gh[rows, 2 * H :])
+            torch.addmm(d_new * z[rows], d_gh[rows], weight_hh, out=dh[:size])
+            end -= size
+        need = ctx.needs_input_grad
+        d_x = d_w_ih = d_w_hh = d_b_ih = d_b_hh = None
+        if need[0]:
+            d_x = torch.addmm(d_n @ weight_ih[2 * H :], d_gh[:, : 2 * H], weight_ih[: 2 * H])
+        if need[1]:
+            d_w_ih = torch.cat((d_gh[:, : 2 * H].t() @ x, d_n.t() @ x))
+        if need[2]:
+            d_w_hh = d_gh.t() @ h_prev
+        if need[3]:
+            d_b_ih = torch.cat((d_gh[:, : 2 * H].sum(0), d_n.sum(0)))
+        if need[4]:
+            d_b_hh = d_gh.sum(0)
+        return d_x, d_w_ih, d_w_hh, d_b_ih, d_b_hh, None
+
+
+def _previous_rows(batch_sizes: list[int]) -> list[tuple[int, int]]:
+    """For every step t >= 1 of packed data: (first row of step t - 1, n_t), the rows holding h^{t-1} of the
+    n_t sequences of step t."""
+    starts = [0]
+    for size in batch_sizes[:-1]:
+        starts.append(starts[-1] + size)
+    return [(starts[t - 1], batch_sizes[t]) for t in range(1, len(batch_sizes))]
+
+
+def gru_sequence(gru: nn.GRU, x: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``gru`` (one layer, unidirectional, ``batch_first``) over ``x`` ``(B, T, F)`` from the zero state:
+    outputs ``(B, T, H)`` and the last state ``(B, H)``.
+
+    ``lengths`` ``(B,)`` int in 1..T: row b is the sequence of its first ``lengths[b]`` elements, as with
+    ``pack_padded_sequence``: its later outputs are 0 and its last state is the one after element
+    ``lengths[b] - 1``. Without ``lengths`` this is ``gru(x)``. With them, on the CPU without autocast, the
+    packed recurrence runs in :class:`_PackedGRU` (each step on the rows still running, the backward written
+    out: about 1.3x faster than autograd through ``nn.GRU`` on the packed sequence, 1.6x than ``nn.GRU`` over
+    the padded batch, for 128 captions of 5-23 words), equal to ``nn.GRU`` up to float rounding
+    (tests/rl/test_discrete_continuous.py checks values and gradients); elsewhere and under ``torch.compile``
+    ``nn.GRU`` runs the packed sequence (cuDNN on a GPU)."""
+    if gru.num_layers != 1 or gru.bidirectional or not gru.batch_first or not gru.bias:
+        raise ValueError("gru_sequence supports one-layer, unidirectional, batch_first GRUs with biases")
+    if lengths is None:
+        out, h_n = gru(x)
+        return out, h_n[-1]
+    T = x.shape[1]
+    packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    if x.device.type != "cpu" or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+        out, h_n = gru(packed)
+        h_n = h_n[-1]
+    else:
+        params = (gru.weight_ih_l0, gru.weight_hh_l0, gru.bias_ih_l0, gru.bias_hh_l0)
+        sizes = packed.batch_sizes.tolist()
+        data = _PackedGRU.apply(packed.data, *params, sizes)
+        out = packed._replace(data=data)
+        # the last state of each sequence: its row at its last step (sorted order), then in the input order
+        starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
+        lengths_sorted = (packed.batch_sizes[None, :] > torch.arange(sizes[0])[:, None]).sum(1)
+        last_rows = starts[lengths_sorted - 1] + torch.arange(sizes[0])
+        h_n = data.index_select(0, last_rows.to(data.device)).index_select(0, packed.unsorted_indices)
+    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)
+    return out, h_n
+
+
 class DCPGOutput(NamedTuple):
     attention: Tensor  # (B, T) Att^t in (0, 1), the mean over heads (what is applied to the features)
     head_attention: Tensor  # (B, T, H)
@@ -146,6 +261,14 @@ class DiscreteContinuousPolicy(nn.Module):
         n = a_g.shape[-1]
         return torch.multinomial(a_g.detach().reshape(-1, n).float(), 1, generator=generator).view(a_g.shape[:-1])
 
+    @torch.compiler.disable  # run eagerly under torch.compile (nn.GRU breaks the graph there anyway)
+    def gru_states(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """h^t ``(B, T, hidden)``; with a mask, each row up to its last real element (0 after it)."""
+        if mask is None:
+            return self.gru(x)[0]
+        positions = torch.arange(1, x.shape[1] + 1, device=x.device)
+        return gru_sequence(self.gru, x, (mask * positions).amax(1).clamp(min=1))[0]
+
     def forward(
         self,
         x: Tensor,
@@ -154,10 +277,13 @@ class DiscreteContinuousPolicy(nn.Module):
         generator: torch.Generator | None = None,
     ) -> DCPGOutput:
         """x: ``(B, T, F)``; mask: ``(B, T)`` bool, True for real elements (padding gets attention 0 and no
-        log-probability)."""
+        log-probability). With a mask the GRU runs each row up to its last real element only (the packed
+        sequence; the GRU is causal, so the real elements get the states of the full run, and the padding after
+        them gets h = 0): the outputs of the padding (``bins``, ``mu``, ``sigma``, ``z``) are placeholders,
+        drawn with the same random numbers as before so that the random stream does not depend on them."""
         B, T, _ = x.shape
         H, n = self.heads, self.num_bins
-        h, _ = self.gru(x)  # h^t = GRU(x^t, h^{t-1})
+        h = self.gru_states(x, mask)  # h^t = GRU(x^t, h^{t-1})
         logits = self.w_mu(h).view(B, T, H, n)  # a^t
         values = self.bin_values.to(logits.dtype)
         if deterministic:
@@ -166,7 +292,7 @@ class DiscreteContinuousPolicy(nn.Module):
             bin_value = (probs * values).sum(-1) if self.estimator == "relaxed" else bins.to(logits.dtype)
             log_pd = probs.gather(-1, bins.unsqueeze(-1)).squeeze(-1).clamp_min(1e-20).log()
         else:
-            u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+            u = torch.rand_like(logits, generator=generator)  # (like torch.rand: traceable with symbolic T)
             gumbel = -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
             a_g = ((logits + gumbel) / self.tau).softmax(-1)  # Gumbel-softmax
             bins = self.sample_bins(a_g, generator)  # a_s ~ Multinomial(a_g)
@@ -190,7 +316,7 @@ class DiscreteContinuousPolicy(nn.Module):
             if deterministic:
                 z_used = mu
             else:
-                eps = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+                eps = torch.randn_like(mu, generator=generator)
                 z_used = (mu + sigma * eps).detach()  # the sample actually used
             log_pc = gaussian_log_prob(z_used.unsqueeze(-1), mu.unsqueeze(-1), sigma.unsqueeze(-1))  # eq. 5
             att = torch.sigmoid(z_used)  # Att^t = sigmoid(z)
@@ -245,6 +371,7 @@ __all__ = [
     "bin_attention",
     "bin_mean",
     "dcpg_losses",
+    "gru_sequence",
     "in_batch_retrieval_reward",
     "mean_uniform_attention",
 ]

@@ -15,6 +15,7 @@ from rlattention.rl.discrete_continuous import (
     DiscreteContinuousPolicy,
     bin_mean,
     dcpg_losses,
+    gru_sequence,
     in_batch_retrieval_reward,
     mean_uniform_attention,
 )
@@ -346,3 +347,54 @@ def test_bandit_gradient_steps_move_probability_to_the_better_bin():
         opt.step()
     final = policy(torch.zeros(1, 1, 1), deterministic=True)
     assert final.bins.item() == 1 and p_better() > 0.8 > 0.5 > before
+
+
+# ---------------------------------------------------------------- the packed GRU (gru_sequence)
+
+
+def _reference_packed_gru(gru: torch.nn.GRU, x: torch.Tensor, lengths: torch.Tensor):
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    out, h_n = gru(packed)
+    out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+    return out, h_n[-1]
+
+
+@pytest.mark.parametrize(
+    "lengths", [[8, 3, 5, 1, 8, 2], [4, 3, 5, 1, 4, 2], [8] * 6, [1] * 6], ids=["mixed", "shorter", "full", "ones"]
+)
+def test_gru_sequence_equals_nn_gru_on_packed_sequences(lengths):
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(5, 7, batch_first=True).double()
+    x = torch.randn(6, 8, 5, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor(lengths)
+    weights = (torch.randn(6, 8, 7, dtype=torch.float64), torch.randn(6, 7, dtype=torch.float64))
+    results = []
+    for run in (_reference_packed_gru, gru_sequence):
+        out, h_n = run(gru, x, lengths)
+        loss = (out * weights[0]).sum() + (h_n * weights[1]).sum()
+        results.append((out, h_n, torch.autograd.grad(loss, [x, *gru.parameters()])))
+    (out_a, h_a, grads_a), (out_b, h_b, grads_b) = results
+    assert torch.allclose(out_a, out_b, atol=1e-12) and torch.allclose(h_a, h_b, atol=1e-12)
+    assert (out_b[torch.arange(8)[None] >= lengths[:, None]] == 0).all()  # after a row's end: 0, as packed
+    for a, b in zip(grads_a, grads_b, strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+    out, h_n = gru_sequence(gru, x)  # without lengths: gru(x) itself
+    assert torch.equal(out, gru(x)[0]) and torch.equal(h_n, gru(x)[1][-1])
+
+
+def test_masked_policy_equals_the_gru_run_over_the_padding_too():
+    """The policy's GRU stops at each row's last real element; the real elements get what the GRU over every
+    position (padding included, as first written) gives them: the same attention, log-probabilities and bins,
+    from the same random numbers."""
+    policy = _policy()
+    x = torch.randn(4, 7, 6)
+    mask = torch.arange(7)[None] < torch.tensor([7, 3, 5, 1])[:, None]
+    padded = _policy()
+    padded.gru_states = lambda x, mask: padded.gru(x)[0]
+    for deterministic in (False, True):
+        a = policy(x, mask, deterministic=deterministic, generator=torch.Generator().manual_seed(5))
+        b = padded(x, mask, deterministic=deterministic, generator=torch.Generator().manual_seed(5))
+        for name in ("attention", "head_attention", "log_prob_discrete", "log_prob_continuous"):
+            assert torch.allclose(getattr(a, name), getattr(b, name), atol=1e-6), name
+        assert torch.equal(a.bins[mask], b.bins[mask])
+        assert torch.allclose(a.mu[mask], b.mu[mask], atol=1e-5) and torch.allclose(a.z[mask], b.z[mask], atol=1e-5)
