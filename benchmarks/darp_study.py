@@ -64,8 +64,13 @@ def rows(dataset: str) -> list[Row]:
         Row("bdqn", cfg.format("bdqn_"), g4, "bootstrapped-DQN locator over an 8x8 grid"),
         Row("darp", cfg.format(""), g4, "K = 6 Gaussian heads, acting-head updates, rising threshold"),
         # variants
-        Row("blank", cfg.format(""), [*g4, "model.locator=raster", "model.glimpse_content=blank"],
-            "no visual attention: the same network, glimpses read zeros", False),  # fmt: skip
+        Row(
+            "blank",
+            cfg.format(""),
+            [*g4, "model.locator=raster", "model.glimpse_content=blank"],
+            "no visual attention: the same network, glimpses read zeros",
+            False,
+        ),
         Row("darp_loc10", cfg.format(""), [*g4, "optim.lr_scale.locator=10"], "DARP, locator at 10 x lr", False),
         # the paper's network: 12 glimpses per partial (3x4 raster), a_t from the glimpses alone, ||a_t - e||^2
         *(
