@@ -58,6 +58,20 @@ def test_explored_attention_changes_the_forward_pass_and_the_reward():
     assert (r0 - r1).abs().max() > 1e-4  # other rewards: something for the critic to learn
 
 
+def test_the_continuous_rewards_on_hand_made_predictions():
+    att = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    plain = torch.tensor([[0.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
+    y = torch.tensor([0, 1])
+    logp_att = att.log_softmax(1)[[0, 1], y]
+    logp_plain = plain.log_softmax(1)[[0, 1], y]
+    assert torch.allclose(attention_rewards(att, plain, y, "log_prob")["reward"], logp_att)
+    gain = attention_rewards(att, plain, y, "log_gain")["reward"]
+    assert torch.allclose(gain, logp_att - logp_plain)
+    assert gain[0] > 0 > gain[1]  # attention raised p_y for the first image, lowered it for the second
+    hopeless = attention_rewards(torch.tensor([[-100.0, 100.0]]), torch.zeros(1, 2), torch.tensor([0]), "log_prob")
+    assert float(hopeless["reward"]) == -20.0  # clamped
+
+
 def test_the_coarse_noise_moves_attention_between_regions():
     """``explore_grid=2`` on a 16 x 16 map: the noise is smooth (neighbours agree far more than distant cells)."""
     m = make(explore_grid=2)
