@@ -124,3 +124,68 @@ def test_sequence_targets_must_match_emitted_tokens():
     y = torch.tensor([[1, 2, 3, 10]])  # a 3-digit target needs 4 tokens
     with pytest.raises(ValueError, match="4 positions but the model emits 2"):
         m(torch.rand(1, 1, 54, 54), y)
+
+
+# ----------------------------------------------------------------------- the region Q-network's fast kernel
+def _reference_features(net, regions):
+    """The region encoder as first written: ``nn.Conv2d``, ReLU, ``nn.AdaptiveAvgPool2d``."""
+    side = min(4, regions.shape[-1])
+    h = torch.relu(torch.nn.functional.conv2d(regions, net.conv.weight, net.conv.bias, padding=1))
+    return torch.nn.functional.adaptive_avg_pool2d(h, side).flatten(1)
+
+
+@pytest.mark.parametrize("size,out", [(25, 4), (7, 4), (3, 3), (10, 4), (50, 4)])
+def test_adaptive_pool_matrix_is_adaptive_avg_pool(size, out):
+    from rlattention.methods.unified import adaptive_pool_matrix
+
+    x = torch.rand(5, size, dtype=torch.float64)
+    ref = torch.nn.functional.adaptive_avg_pool1d(x[:, None], out)[:, 0]
+    assert torch.allclose(x @ adaptive_pool_matrix(size, out).double().t(), ref)
+
+
+@pytest.mark.parametrize("channels,px,n", [(1, 25, 70), (3, 7, 40), (1, 3, 5), (2, 10, 33)])
+def test_region_features_match_conv_relu_pool(channels, px, n):
+    from rlattention.methods.unified import RegionQNetwork
+
+    torch.manual_seed(0)
+    net = RegionQNetwork(channels, px, 4, 16)
+    x = torch.randn(n, channels, px, px, requires_grad=True)
+    w = torch.randn(n, 16 * min(4, px) ** 2)
+    grads = []
+    for f in (_reference_features, lambda net, x: net.features(x)):
+        net.zero_grad()
+        x.grad = None
+        y = f(net, x)
+        (y * w).sum().backward()
+        grads.append((y.detach(), x.grad.clone(), net.conv.weight.grad.clone(), net.conv.bias.grad.clone()))
+    for a, b in zip(*grads, strict=True):  # sums over n * px * px terms in another order: float rounding of the largest
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
+    with torch.no_grad():  # the target network's path
+        assert torch.allclose(net.features(x), grads[0][0], rtol=1e-4, atol=1e-5)
+
+
+def test_fast_region_features_train_as_the_reference(monkeypatch):
+    """A few optimiser steps from one seed give the same losses with the fast kernel and with the reference."""
+    from rlattention.methods.unified import RegionQNetwork
+
+    shape = (1, 60, 60)
+    x, y = torch.rand(16, *shape), torch.randint(0, 10, (16,))
+
+    def losses():
+        m = _model(shape, top_down=True, entropy=True, context=True, num_scales=2, glimpse_size=8)
+        m.set_progress(0.5)
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        torch.manual_seed(1)
+        out = []
+        for _ in range(4):
+            step = m(x, y)
+            opt.zero_grad()
+            step.loss.backward()
+            opt.step()
+            out.append(torch.stack([v.detach() for v in step.terms.values()]))
+        return torch.stack(out)
+
+    fast = losses()
+    monkeypatch.setattr(RegionQNetwork, "features", _reference_features)
+    ref = losses()
+    assert torch.allclose(fast, ref, rtol=1e-4, atol=1e-6)

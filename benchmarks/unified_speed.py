@@ -1,0 +1,149 @@
+"""Cost of one training step of the unified model's table-2 rows at 100 x 100 (issue 22: a top-down step at most
+1.5x a RAM step at the same glimpse count).
+
+    nice -n 10 python benchmarks/unified_speed.py --data-dir ../shared/data/mnist
+
+Builds the rows ``ram``, ``topdown``, ``entropy``, ``entropy_context`` from configs/unified_cluttered100_*.yaml
+as ``rlattention fit`` builds them (batch 128, Adam, one torch thread), and times whole training steps (forward,
+backward, optimiser step) round-robin over the rows, the first ``--warmup`` rounds discarded, on the same batches
+of 100 x 100 cluttered MNIST (``--data-dir``; without it, synthetic clutter of the same size). Writes
+``benchmarks/results/unified_speed/summary.json`` (metric ``step_ms``, one value: the median; ``ratio_to_ram``)
+and ``summary.md``. The machine is shared: only the ratios, measured interleaved in one process, mean anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlattention.engine.config import load_config  # noqa: E402
+from rlattention.engine.method import DataInfo  # noqa: E402
+from rlattention.engine.registry import get_method  # noqa: E402
+from rlattention.engine.trainer import make_optimizer  # noqa: E402
+
+ROWS = {
+    "ram": "configs/unified_cluttered100_ram.yaml",
+    "topdown": "configs/unified_cluttered100_topdown.yaml",
+    "entropy": "configs/unified_cluttered100_entropy.yaml",
+    "entropy_context": "configs/unified_cluttered100_entropy_context.yaml",
+}
+OUT = ROOT / "benchmarks" / "results" / "unified_speed"
+
+
+def synthetic_batches(n: int, batch: int, side: int, seed: int = 0):
+    """Dark canvases with 11 random 12 x 12 patches (a digit-sized blob and 10 clutter pieces)."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        x = torch.zeros(batch, 1, side, side)
+        for b in range(batch):
+            for _ in range(11):
+                i, j = torch.randint(0, side - 12, (2,), generator=g).tolist()
+                x[b, 0, i : i + 12, j : j + 12] = torch.rand(12, 12, generator=g)
+        yield x, torch.randint(0, 10, (batch,), generator=g)
+
+
+def data_batches(cfg, data_dir: str, n: int, batch: int):
+    from rlattention.data.registry import build_dataset
+    from rlattention.engine.loader import BatchLoader
+
+    splits = build_dataset(cfg.data.name, cfg.data, data_dir)
+    loader = iter(BatchLoader(splits.train, batch, True, cfg.trainer.seed, 0, 1, True, "cpu"))
+    for _ in range(n):
+        yield next(loader)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default=None, help="MNIST folder (default: synthetic clutter)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3, help="rounds discarded")
+    parser.add_argument("--steps", type=int, default=30, help="timed rounds (one step of every row each)")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    cfgs = {name: load_config(str(ROOT / path)) for name, path in ROWS.items()}
+    side = cfgs["ram"].data.canvas_size
+    n = args.warmup + args.steps
+    if args.data_dir:
+        batches = list(data_batches(cfgs["ram"], args.data_dir, n, args.batch))
+    else:
+        batches = list(synthetic_batches(n, args.batch, side))
+    models, optims = {}, {}
+    for name, cfg in cfgs.items():
+        torch.manual_seed(cfg.trainer.seed)
+        model = get_method(cfg.method).from_config(cfg.model, DataInfo((1, side, side), 10, {}))
+        model.train()
+        model.set_progress(0.1)
+        models[name], optims[name] = model, make_optimizer(model.named_parameters(), cfg.optim)
+
+    times: dict[str, list[float]] = {name: [] for name in ROWS}
+    for i, (x, y) in enumerate(batches):
+        order = list(ROWS) if i % 2 == 0 else list(ROWS)[::-1]  # alternate who goes first
+        for name in order:
+            t = time.perf_counter()
+            out = models[name](x, y)
+            optims[name].zero_grad(set_to_none=True)
+            out.loss.backward()
+            optims[name].step()
+            if i >= args.warmup:
+                times[name].append(1e3 * (time.perf_counter() - t))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    command = "nice -n 10 python benchmarks/unified_speed.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    load = os.getloadavg()
+    machine = (
+        f"{args.threads} torch thread(s) ({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
+        f"torch {torch.__version__}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end"
+    )
+    rows = []
+    for name, path in ROWS.items():
+        rows.append({
+            "name": name, "config": path, "overrides": [], "seeds": [cfgs[name].trainer.seed],
+            "metrics": {"step_ms": [round(med[name], 1)], "ratio_to_ram": [round(med[name] / med["ram"], 2)]},
+            "step_ms_all": [round(t, 1) for t in times[name]],
+        })  # fmt: skip
+    summary = {
+        "study": "unified_speed",
+        "description": (
+            f"one training step (forward, backward, Adam) at batch {args.batch}, {side} x {side}, "
+            f"{cfgs['ram'].model.num_glimpses} glimpses, median of {args.steps} steps per row timed round-robin "
+            f"after {args.warmup} warm-up rounds, in one process; "
+            + ("cluttered MNIST batches" if args.data_dir else "synthetic clutter batches")
+        ),
+        "command": command.strip(),
+        "selection": "not applicable (timing of training steps)",
+        "machine": machine,
+        "load_average": list(load),
+        "rows": rows,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [
+        "# unified_speed: one training step, 100 x 100, batch 128, one thread",
+        "",
+        f"`{summary['command']}`; {machine}.",
+        "",
+        "| row | config | step (ms, median) | x ram |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r["metrics"]
+        lines.append(f"| {r['name']} | {r['config']} | {m['step_ms'][0]} | {m['ratio_to_ram'][0]} |")
+    (OUT / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
