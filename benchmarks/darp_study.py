@@ -72,6 +72,15 @@ def rows(dataset: str) -> list[Row]:
             False,
         ),
         Row("darp_loc10", cfg.format(""), [*g4, "optim.lr_scale.locator=10"], "DARP, locator at 10 x lr", False),
+        # the policies on phase-1 features at a tenth of the learning rate (on ChairV2 the paper's lr collapses them)
+        Row(
+            "vanilla_rl_lr01",
+            cfg.format("vanilla_rl_"),
+            [*same, "optim.lr_scale.policy=0.1"],
+            "vanilla_rl, policy at 0.1 x lr",
+            False,
+        ),
+        Row("ppo_lr01", cfg.format("ppo_"), [*same, "optim.lr_scale.policy=0.1"], "ppo, policy at 0.1 x lr", False),
         # the paper's network: 12 glimpses per partial (3x4 raster), a_t from the glimpses alone, ||a_t - e||^2
         *(
             Row(f"{name}_paper12", cfg.format(""), [*glimpses, *extra], f"{note}, paper's network", False)
