@@ -39,6 +39,10 @@ class Row:
     note: str = ""  # what the variant is, one line for the markdown table
     issue_row: bool = True  # a row the issue names (False: a variant we tried)
     selection: str = ""  # how this row's checkpoint is chosen, when not the study's default (best validation)
+    # a row chosen on validation among variant rows (e.g. the same method at two learning rates): it runs nothing
+    # itself; its figures are those of the candidate with the best mean of ``report[select_key]`` over its seeds
+    candidates: tuple[str, ...] = ()
+    select_key: str = ""
 
 
 def machine(records: Sequence[dict] = ()) -> str:
@@ -93,6 +97,22 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
     }
 
 
+def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
+    """``(candidate row, how it was chosen)`` for a row with ``candidates``: the candidate with the highest mean
+    validation figure ``report[row.select_key]`` over its recorded seeds (candidates without records are left out);
+    ``None`` when none has records."""
+    means = {}
+    for name in row.candidates:
+        vals = [r["report"][row.select_key] for r in records if r["row"] == name and row.select_key in r["report"]]
+        if vals:
+            means[name] = (statistics.mean(vals), len(vals))
+    if not means:
+        return None
+    best = max(means, key=lambda n: means[n][0])
+    listed = ", ".join(f"{n} {m:.4g} ({k} seeds)" for n, (m, k) in means.items())
+    return best, f"{best}, chosen on validation: the mean {row.select_key} over the seeds of {listed}"
+
+
 def summarise(
     study: str,
     rows: Sequence[Row],
@@ -109,8 +129,11 @@ def summarise(
     row missing some of ``seeds`` (or missing altogether) makes the description say PARTIAL and which."""
     doc_rows, lines = [], []
     keys: list[str] = []
+    chosen = {row.name: select_candidate(row, records) for row in rows if row.candidates}
     for row in rows:
-        mine = sorted((r for r in records if r["row"] == row.name), key=lambda r: r["seed"])
+        pick = chosen.get(row.name)
+        source = pick[0] if pick else row.name
+        mine = sorted((r for r in records if r["row"] == source), key=lambda r: r["seed"])
         if not mine:
             continue
         per = [metrics(r["report"]) for r in mine]
@@ -130,13 +153,15 @@ def summarise(
                 "issue_row": row.issue_row,
                 "note": row.note,
                 **({"selection": row.selection} if row.selection else {}),
+                **({"selection": pick[1], "selected_from": source} if pick else {}),
             }
         )
     short = []
     for row in rows:
         if not row.issue_row:
             continue
-        have = {r["seed"] for r in records if r["row"] == row.name}
+        pick = chosen.get(row.name)
+        have = {r["seed"] for r in records if r["row"] == (pick[0] if pick else row.name)}
         if not set(seeds) <= have:
             short.append(f"{row.name} ({len(have & set(seeds))} of {len(seeds)} seeds)")
     if short:
@@ -166,7 +191,8 @@ def summarise(
         per_seed = ", ".join(f"{x:.1f}" for x in r["metrics"].get(first, []))
         secs = statistics.mean(t for t in r["train_seconds"] if t is not None)
         name = r["name"] if r["issue_row"] else f"_{r['name']}_"
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {first}: {per_seed} | {secs:.0f} | {r['note']} |")
+        note = r["note"] + (f" (= {r['selected_from']}, chosen on validation)" if r.get("selected_from") else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {first}: {per_seed} | {secs:.0f} | {note} |")
     lines += ["", "Rows in italics are variants we tried besides the issue's rows.", "", f"Machine: {doc['machine']}."]
     if extra_md:
         lines += ["", extra_md]
@@ -208,8 +234,10 @@ def main(
     command += " --seeds " + " ".join(map(str, default_seeds))
     if not args.summary_only:
         done = {(r["row"], r["seed"]) for r in _records(log)}
+        wanted = set(args.rows or ())
+        wanted |= {c for row in rows if row.name in wanted for c in row.candidates}  # a selected row: its candidates
         for row in rows:
-            if args.rows and row.name not in args.rows:
+            if row.candidates or (args.rows and row.name not in wanted):
                 continue
             for seed in args.seeds:
                 if (row.name, seed) in done:

@@ -1,0 +1,84 @@
+"""benchmarks/study.py: a row chosen on validation among variant rows (``Row.candidates``) takes the figures of the
+candidate with the best mean validation figure, never of the best test figure; it runs nothing itself, and asking
+for it runs its candidates (no training here: ``run_one`` is replaced)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def study():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import study
+
+        yield study
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def record(row: str, seed: int, val: float, test: float) -> dict:
+    return {
+        "row": row,
+        "seed": seed,
+        "config": "configs/x.yaml",
+        "overrides": [f"row={row}"],
+        "command": f"fit {row} {seed}",
+        "report": {"best_val": val, "test": {"acc": test}, "train_seconds": 1.0},
+    }
+
+
+def rows(study):
+    return [
+        study.Row("pick", "configs/x.yaml", [], "chosen", candidates=("a", "b"), select_key="best_val"),
+        study.Row("a", "configs/x.yaml", [], "variant a", False),
+        study.Row("b", "configs/x.yaml", [], "variant b", False),
+    ]
+
+
+def test_the_candidate_with_the_better_validation_mean_is_chosen_not_the_better_test(study, tmp_path):
+    # a: better validation (0.6 vs 0.5 mean), worse test; b: the reverse
+    recs = [record("a", s, 0.6, 10.0 + s) for s in (0, 1)] + [record("b", s, 0.5, 90.0 + s) for s in (0, 1)]
+    doc = study.summarise("s", rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    pick = next(r for r in doc["rows"] if r["name"] == "pick")
+    assert pick["selected_from"] == "a"
+    assert pick["metrics"]["acc"] == [10.0, 11.0]
+    assert pick["overrides"] == ["row=a"] and pick["commands"] == ["fit a 0", "fit a 1"]
+    assert "best_val" in pick["selection"] and "0.6" in pick["selection"] and "0.5" in pick["selection"]
+    assert "PARTIAL" not in doc["description"]
+    assert "= a, chosen on validation" in (tmp_path / "summary.md").read_text()
+    # flip the validation figures: the choice follows them
+    recs = [record("a", s, 0.4, 10.0) for s in (0, 1)] + [record("b", s, 0.5, 90.0) for s in (0, 1)]
+    doc = study.summarise("s", rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    assert next(r for r in doc["rows"] if r["name"] == "pick")["selected_from"] == "b"
+
+
+def test_a_chosen_row_is_partial_when_its_choice_lacks_seeds_and_absent_without_records(study, tmp_path):
+    recs = [record("a", 0, 0.6, 10.0)]
+    doc = study.summarise("s", rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    assert "pick (1 of 2 seeds)" in doc["description"]
+    doc = study.summarise("s", rows(study), [], lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    assert doc["rows"] == []
+
+
+def test_asking_for_a_chosen_row_runs_its_candidates_and_never_the_row(study, tmp_path, monkeypatch):
+    ran = []
+
+    def fake_run(row, seed, data_dir, work, threads, extra):
+        ran.append((row.name, seed))
+        return record(row.name, seed, 0.5, 1.0)
+
+    monkeypatch.setattr(study, "run_one", fake_run)
+    monkeypatch.setattr(study, "ROOT", tmp_path)
+    argv = ["--rows", "pick", "--seeds", "0", "--out", "out", "--work", "work"]
+    assert study.main("s", rows(study), lambda r: r["test"], "d", argv, default_seeds=(0,)) == 0
+    assert sorted(ran) == [("a", 0), ("b", 0)]
+    logged = [json.loads(line)["row"] for line in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
+    assert sorted(logged) == ["a", "b"]
