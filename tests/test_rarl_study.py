@@ -52,7 +52,17 @@ def test_rows_are_the_issues_with_their_configs_and_one_budget(study):
     assert (cfgs["t1"].model.num_iterations, cfgs["t10"].model.num_iterations) == (1, 10)
     assert len(cfgs["single"].model.anchor_areas) * len(cfgs["single"].model.anchor_ratios) == 1
     assert cfgs["nolstm"].model.recurrent is False
-    assert cfgs["learned_paper"].model.std == 0.11 and not cfgs["learned_paper"].model.learn_std
+    # every row on the same frozen, pretrained backbone level; the learned rows with the map locator unless a variant
+    # says otherwise
+    assert {(c.model.backbone, c.model.pretrained, c.model.freeze, c.model.backbone_level) for c in cfgs.values()} == {
+        ("efficientnet_lite0", True, "all", 2)
+    }
+    assert learned.model.locator == "map" and learned.model.locator_inhibit
+    assert cfgs["learned_gaussian"].model.locator == "gaussian" and cfgs["learned_gaussian"].model.learn_std
+    paper = cfgs["learned_gaussian_paper"].model
+    assert (paper.locator, paper.std, paper.learn_std, paper.baseline, paper.train_episodes) == (
+        "gaussian", 0.11, False, "learned", 1,
+    )  # fmt: skip
 
 
 def test_metrics_are_percentages_and_reach_the_summary(study, tmp_path):

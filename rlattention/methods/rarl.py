@@ -23,6 +23,14 @@ schedule (``std`` -> ``std_final``); a learned sigma (``learn_std``) with an ent
 L_H = -beta H(pi)); several sampled episodes per training image (``train_episodes``) with a leave-one-out
 baseline over them (``baseline=loo``, each episode's reward compared with the mean of the image's other episodes)
 instead of the learned baseline of eq. 8.
+
+Locator (not in the paper): ``locator=gaussian`` is the paper's location network above, l = tanh(W h) + noise, which
+must map the state alone to where the objects are. ``locator=map`` (:class:`rlattention.rl.MapCategoricalPolicy`)
+instead draws one of the ``locator_grid`` x ``locator_grid`` cells of the feature map, scored from the cell's
+average-pooled features and the state, logit_j = v^T tanh(W_f f_j + W_h h + b) (``locator_hidden`` units), and looks
+at its centre; with ``locator_inhibit`` a cell is visited at most once per episode. log pi(j) enters the same
+REINFORCE loss and baselines; ``entropy_weight`` is then a bonus on the categorical entropy (the mean over steps of
+H(pi_t), visited cells excluded), with no sigma (``learn_std`` / ``std_final`` do not apply).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from rlattention.rl import (
     LearnedBaseline,
     LearnedStdGaussianPolicy,
     LinearSchedule,
+    MapCategoricalPolicy,
     baseline_loss,
     leave_one_out_baseline,
     reinforce_loss,
@@ -82,10 +91,17 @@ class RARLConfig:
     learn_std: bool = False  # sigma a learned parameter per axis (starting at std), clamped to [std_min, std_max]
     std_min: float = 0.01
     std_max: float = 1.0
-    entropy_weight: float = 0.0  # beta of the entropy bonus L_H = -beta H(pi) (needs learn_std)
+    entropy_weight: float = 0.0  # beta of the entropy bonus L_H = -beta H(pi) (needs learn_std, or locator=map)
     baseline: str = "learned"  # learned (b_t = w^T h_t + c, eq. 8) | loo (leave-one-out over train_episodes) | none
     train_episodes: int = 1  # sampled episodes per training image (one backbone pass); loo needs >= 2
     policy: str = "learned"  # learned | random (ablation: uniform random centres) | grid (fixed grid of centres)
+    # the learned policy's locator: gaussian (the paper's l ~ N(tanh(W h), sigma^2)) | map (a categorical policy over
+    # the cells of a locator_grid x locator_grid grid on the feature map, scored from each cell's pooled features and
+    # h; std, std_final and learn_std do not apply)
+    locator: str = "gaussian"
+    locator_grid: int = 8  # map: g, g x g candidate centres (the cell centres)
+    locator_hidden: int = 64  # map: hidden units of the scorer v^T tanh(W_f f_j + W_h h + b)
+    locator_inhibit: bool = True  # map: a cell chosen once in an episode is never drawn again (needs T <= g^2)
     recurrent: bool = True  # false: no LSTM, regions classified independently (ablation)
     mode: str = "attention"  # attention | global (backbone + global pooling baseline)
     cls_loss: str = "softmax_mse"  # softmax_mse (eq. 9-10) | bce
@@ -107,6 +123,7 @@ class RARL(AttentionMethod):
         super().__init__()
         for key, value, allowed in [
             ("policy", cfg.policy, ("learned", "random", "grid")),
+            ("locator", cfg.locator, ("gaussian", "map")),
             ("mode", cfg.mode, ("attention", "global")),
             ("cls_loss", cfg.cls_loss, ("softmax_mse", "bce")),
             ("baseline", cfg.baseline, ("learned", "loo", "none")),
@@ -145,7 +162,9 @@ class RARL(AttentionMethod):
             self.core = nn.Linear(cfg.region_dim, cfg.hidden_size)
         self.classifier = nn.Linear(cfg.hidden_size, num_classes)
         if cfg.policy == "learned":  # random/grid locations need no policy (and DDP wants no unused parameters)
-            if cfg.learn_std:
+            if cfg.locator == "map":
+                self.locator = MapCategoricalPolicy(D, cfg.hidden_size, cfg.locator_grid, cfg.locator_hidden)
+            elif cfg.learn_std:
                 self.locator: nn.Module = LearnedStdGaussianPolicy(
                     cfg.hidden_size, 2, cfg.std, True, cfg.std_min, cfg.std_max
                 )
@@ -168,10 +187,25 @@ class RARL(AttentionMethod):
             )
         if cfg.entropy_weight < 0:
             raise ValueError(f"model.entropy_weight must be >= 0, got {cfg.entropy_weight}")
-        if cfg.entropy_weight > 0 and not cfg.learn_std:
+        if cfg.locator == "map":
+            if cfg.locator_grid < 1:
+                raise ValueError(f"model.locator_grid must be >= 1, got {cfg.locator_grid}")
+            if cfg.locator_hidden < 1:
+                raise ValueError(f"model.locator_hidden must be >= 1, got {cfg.locator_hidden}")
+            if cfg.locator_inhibit and cfg.num_iterations > cfg.locator_grid**2:
+                raise ValueError(
+                    f"model.locator_inhibit=true visits each of the model.locator_grid^2 = {cfg.locator_grid**2} "
+                    f"cells at most once: it needs model.num_iterations <= {cfg.locator_grid**2}, got "
+                    f"{cfg.num_iterations}"
+                )
+            if cfg.learn_std:
+                raise ValueError("model.learn_std=true is a Gaussian sigma: it does not apply to model.locator=map")
+            if cfg.std_final is not None:
+                raise ValueError("model.std_final (a sigma schedule) does not apply to model.locator=map")
+        if cfg.entropy_weight > 0 and not cfg.learn_std and cfg.locator != "map":
             raise ValueError(
-                "model.entropy_weight > 0 needs model.learn_std=true: a fixed sigma has a constant entropy, so the "
-                "bonus would do nothing"
+                "model.entropy_weight > 0 needs model.learn_std=true (or model.locator=map): a fixed sigma has a "
+                "constant entropy, so the bonus would do nothing"
             )
         if cfg.learn_std and cfg.std_final is not None:
             raise ValueError("model.std_final (a sigma schedule) and model.learn_std=true exclude each other")
@@ -238,10 +272,23 @@ class RARL(AttentionMethod):
         h_tr, c_tr = h_tr.reshape(B, k, -1), c_tr.reshape(B, k, -1)
         return h_tr, (h_tr.mean(1), c_tr.mean(1))
 
-    def episode(self, fmap: Tensor, input_hw: tuple[int, int], deterministic: bool, generator=None):
+    @property
+    def _map_locator(self) -> bool:
+        return self.cfg.policy == "learned" and self.cfg.locator == "map" and self.cfg.mode == "attention"
+
+    def episode(
+        self,
+        fmap: Tensor,
+        input_hw: tuple[int, int],
+        deterministic: bool,
+        generator=None,
+        with_entropy: bool = False,
+    ):
         """Attention over a feature map ``(B, C, h, w)`` of an input of ``input_hw`` pixels.
 
-        Returns fused scores ``a`` ``(B, K)``, log pi ``(B, T)``, baselines ``(B, T)``, locations ``(B, T, 2)``.
+        Returns fused scores ``a`` ``(B, K)``, log pi ``(B, T)``, baselines ``(B, T)``, locations ``(B, T, 2)``;
+        with ``with_entropy`` also the entropies H(pi_t) ``(B, T)`` of the map locator's steps (``(B, 0)`` for any
+        other policy).
         """
         cfg = self.cfg
         B = fmap.shape[0]
@@ -249,14 +296,26 @@ class RARL(AttentionMethod):
         whole = fmap.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(B, 1, 4)
         h_r, state = self._regions(fmap, whole, None)  # R_0: the whole image
         h = h_r.mean(1)
-        log_pis, baselines, locs, scores = [], [], [], []
+        log_pis, baselines, locs, scores, entropies = [], [], [], [], []
+        if self._map_locator:  # W_f f_j + b of the g x g cells, once per episode
+            cells = self.locator.encode_cells(fmap if cfg.policy_grad_to_core else fmap.detach())
+            visited = torch.zeros(B, self.locator.num_cells, dtype=torch.bool, device=fmap.device)
         for t in range(cfg.num_iterations):
             if cfg.policy == "random":
                 loc = torch.rand(B, 2, generator=generator, device=fmap.device, dtype=fmap.dtype) * 2 - 1
             elif cfg.policy == "grid":
                 loc = self.grid[t].to(fmap.dtype).expand(B, 2)
             else:
-                act = self.locator(h if cfg.policy_grad_to_core else h.detach(), deterministic, generator)
+                h_in = h if cfg.policy_grad_to_core else h.detach()
+                if self._map_locator:
+                    logits = self.locator.logits(cells, h_in, visited if cfg.locator_inhibit else None)
+                    act = self.locator.act(logits, deterministic, generator)
+                    if with_entropy:
+                        entropies.append(self.locator.entropy(logits))
+                    if cfg.locator_inhibit:
+                        visited = visited.scatter(1, self.locator.cell_index(act.action)[:, None], True)
+                else:
+                    act = self.locator(h_in, deterministic, generator)
                 log_pis.append(act.log_prob)  # log pi(l_t | h_{t-1}) of the l_t used below
                 if hasattr(self, "baseline"):
                     baselines.append(self.baseline(h))
@@ -269,27 +328,31 @@ class RARL(AttentionMethod):
             state = new_state
         a = torch.cat(scores, 1).max(1).values  # category-wise max pooling over T x k regions
         empty = fmap.new_zeros(B, 0)
-        return (
+        out = (
             a,
             torch.stack(log_pis, 1) if log_pis else empty,
             torch.stack(baselines, 1) if baselines else empty,
             torch.stack(locs, 1),
         )
+        if with_entropy:
+            out = (*out, torch.stack(entropies, 1) if entropies else a.new_zeros(B, 0))
+        return out
 
     def _scores(
-        self, images: Tensor, deterministic: bool, generator=None, episodes: int = 1
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``episodes`` episodes per image on one backbone pass: rows ``b * episodes + e`` of the outputs."""
+        self, images: Tensor, deterministic: bool, generator=None, episodes: int = 1, with_entropy: bool = False
+    ) -> tuple[Tensor, ...]:
+        """``episodes`` episodes per image on one backbone pass: rows ``b * episodes + e`` of the outputs
+        (:meth:`episode`; ``with_entropy`` adds the map locator's step entropies)."""
         # scores leave the model in fp32 under any autocast: bf16 scores (8 significand bits) tie across images
         # of a class, which reorders the per-class ranking of mAP and the top-n of the reward
         fmap = self.backbone.feature_map(images)
         if self.cfg.mode == "global":
             a = self.head(fmap.mean(dim=(-2, -1))).float().repeat_interleave(episodes, 0)
             z = a.new_zeros(a.shape[0], 0)
-            return a, z, z, a.new_zeros(a.shape[0], 0, 2)
+            return (a, z, z, a.new_zeros(a.shape[0], 0, 2)) + ((z,) if with_entropy else ())
         if episodes > 1:
             fmap = fmap.repeat_interleave(episodes, 0)
-        return self.episode(fmap, tuple(images.shape[-2:]), deterministic, generator)
+        return self.episode(fmap, tuple(images.shape[-2:]), deterministic, generator, with_entropy)
 
     def _probs(self, a: Tensor) -> Tensor:
         return a.softmax(-1) if self.cfg.cls_loss == "softmax_mse" else a.sigmoid()
@@ -300,7 +363,7 @@ class RARL(AttentionMethod):
         if cfg.crop_margin > 0 or cfg.hflip:
             images = random_crop_flip(images, self.input_size, cfg.hflip)
         E = cfg.train_episodes if cfg.mode == "attention" else 1
-        a, log_pi, b, _ = self._scores(images, deterministic=False, episodes=E)
+        a, log_pi, b, _, H_t = self._scores(images, deterministic=False, episodes=E, with_entropy=True)
         if E > 1:  # E sampled episodes per image: each is a training example of the classifier and the policy
             targets = targets.repeat_interleave(E, 0)
         y = (targets > 0).float()  # -1 (VOC 'difficult' only) counts as absent in training
@@ -335,6 +398,13 @@ class RARL(AttentionMethod):
                 stats["sigma"] = self.locator.std.detach().mean()
                 if cfg.entropy_weight > 0:
                     l_H = -cfg.entropy_weight * H  # entropy bonus: L_H = -beta H(pi)
+                    loss = loss + l_H
+                    terms["entropy"] = l_H
+            elif H_t.shape[1] > 0:  # the map locator: categorical entropies of the steps (visited cells excluded)
+                H = H_t.mean()
+                stats["entropy"] = H.detach()
+                if cfg.entropy_weight > 0:
+                    l_H = -cfg.entropy_weight * H  # entropy bonus: L_H = -beta H(pi), the mean over steps
                     loss = loss + l_H
                     terms["entropy"] = l_H
         return StepOutput(loss, terms, stats)
@@ -401,6 +471,8 @@ class RARL(AttentionMethod):
             paths.append(plot_regions(images[i], locs[i], boxes[i], Path(out_dir) / f"regions_{i:03d}.png", title))
         if len(images):
             how = {"learned": "learned policy, mean locations", "random": "random centres", "grid": "fixed grid"}
+            if self._map_locator:
+                how["learned"] = "learned map policy, most probable cells"
             T, k = self.cfg.num_iterations, self.num_regions
             head = f"rarl, {how[self.cfg.policy]}: T = {T} steps x {k} regions (green title: labels all right)"
             path = Path(out_dir) / "regions_steps.png"

@@ -10,7 +10,14 @@ from rlattention.rl.bootstrap import (
     importance_weights,
     sample_heads,
 )
-from rlattention.rl.policies import GaussianPolicy, LearnedStdGaussianPolicy, gaussian_entropy, gaussian_log_prob
+from rlattention.rl.policies import (
+    GaussianPolicy,
+    LearnedStdGaussianPolicy,
+    MapCategoricalPolicy,
+    gaussian_entropy,
+    gaussian_log_prob,
+    grid_cell_centres,
+)
 from rlattention.rl.ppo import ppo_clip_loss
 from rlattention.rl.reinforce import policy_gradient_losses, reinforce_loss
 from rlattention.rl.returns import discounted_returns, terminal_returns
@@ -40,6 +47,8 @@ __all__ = [
     "sample_heads",
     "GaussianPolicy",
     "LearnedStdGaussianPolicy",
+    "MapCategoricalPolicy",
+    "grid_cell_centres",
     "gaussian_entropy",
     "LearnedBaseline",
     "LinearSchedule",

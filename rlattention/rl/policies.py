@@ -1,4 +1,4 @@
-"""Stochastic policies over continuous actions."""
+"""Stochastic policies over continuous actions, and a categorical policy over the cells of a feature map."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -128,3 +129,98 @@ class LearnedStdGaussianPolicy(nn.Module):
             eps = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
             action = (mu + std.detach() * eps).detach()
         return PolicyOutput(action, gaussian_log_prob(action, mu, std), mu)
+
+
+def grid_cell_centres(grid: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The centres ``(grid * grid, 2)`` (x, y) in [-1, 1] of the cells of a ``grid x grid`` partition of the image,
+    row by row (cell ``n = i * grid + j`` is row i, column j: the order of a flattened ``(grid, grid)`` map)."""
+    if grid < 1:
+        raise ValueError(f"a grid needs at least one cell per side, got {grid}")
+    c = (2 * torch.arange(grid, dtype=torch.float64) + 1) / grid - 1
+    y, x = torch.meshgrid(c, c, indexing="ij")
+    return torch.stack((x, y), -1).reshape(-1, 2).to(dtype)
+
+
+class MapCategoricalPolicy(nn.Module):
+    """pi(j | F, h) = softmax_j(v^T tanh(W_f f_j + W_h h + b)) over the ``grid x grid`` cells of a feature map F.
+
+    f_j is F average-pooled to ``grid x grid`` (cell j, row-major), h the recurrent state. The action is the centre
+    of the chosen cell (x, y) in [-1, 1] (:func:`grid_cell_centres`), so, unlike the linear Gaussian policies, the
+    location is scored from what each place of the image contains and may point at any cell for any state.
+
+    Use: :meth:`encode_cells` once per feature map (W_f f_j + b does not depend on the state), then per step
+    :meth:`logits` (cells in ``visited`` get -inf: never drawn again) and :meth:`act`, or both at once with
+    :meth:`forward`. The drawn cell index is not returned (:class:`PolicyOutput`, as the Gaussian policies);
+    :meth:`cell_index` recovers it from the action. The action is detached: log pi(j) is the only path for the
+    policy gradient (the score-function estimator), and it is the log-probability of exactly the cell returned.
+    ``mean`` is the centre of the most probable cell, the deterministic action.
+    """
+
+    def __init__(self, feature_dim: int, state_dim: int, grid: int = 8, hidden: int = 64) -> None:
+        super().__init__()
+        if grid < 1:
+            raise ValueError(f"policy grid must be >= 1, got {grid}")
+        if hidden < 1:
+            raise ValueError(f"policy hidden size must be >= 1, got {hidden}")
+        self.grid = grid
+        self.cell_fc = nn.Linear(feature_dim, hidden)  # W_f, b
+        self.state_fc = nn.Linear(state_dim, hidden, bias=False)  # W_h
+        self.score = nn.Linear(hidden, 1, bias=False)  # v
+        self.register_buffer("centres", grid_cell_centres(grid), persistent=False)  # (N, 2)
+
+    @property
+    def num_cells(self) -> int:
+        return self.grid * self.grid
+
+    def cell_features(self, fmap: Tensor) -> Tensor:
+        """f_j: ``(B, C, h, w)`` -> ``(B, N, C)``, the map average-pooled to ``grid x grid``, row-major."""
+        return F.adaptive_avg_pool2d(fmap, self.grid).flatten(2).transpose(1, 2)
+
+    def encode_cells(self, fmap: Tensor) -> Tensor:
+        """W_f f_j + b ``(B, N, hidden)`` of a feature map ``(B, C, h, w)``; the same for every step."""
+        return self.cell_fc(self.cell_features(fmap))
+
+    def logits(self, cells: Tensor, h: Tensor, visited: Tensor | None = None) -> Tensor:
+        """cells ``(B, N, hidden)`` (:meth:`encode_cells`), h ``(B, F)``, visited ``(B, N)`` bool or None ->
+        logits ``(B, N)`` in fp32 (as the Gaussian policies under autocast), -inf at the visited cells."""
+        u = self.score(torch.tanh(cells + self.state_fc(h)[:, None, :])).squeeze(-1).float()
+        return u if visited is None else u.masked_fill(visited, float("-inf"))
+
+    def act(
+        self, logits: Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> PolicyOutput:
+        """logits ``(B, N)`` -> the centre of a cell drawn from softmax(logits) (the most probable one if
+        ``deterministic``; its log-prob is still reported) ``(B, 2)``, its log_prob ``(B,)``, the mode's centre."""
+        log_p = torch.log_softmax(logits, -1)
+        mode = logits.detach().argmax(-1)
+        if deterministic:
+            j = mode
+        else:
+            j = torch.multinomial(log_p.detach().exp(), 1, generator=generator).squeeze(-1)
+        centres = self.centres.to(logits.dtype)
+        return PolicyOutput(centres[j], log_p.gather(-1, j[:, None]).squeeze(-1), centres[mode])
+
+    def forward(
+        self,
+        cells: Tensor,
+        h: Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        visited: Tensor | None = None,
+    ) -> PolicyOutput:
+        """:meth:`act` on :meth:`logits`: cells ``(B, N, hidden)``, h ``(B, F)`` -> action ``(B, 2)``, log_prob
+        ``(B,)`` (differentiable w.r.t. W_f, W_h, b, v and the inputs), mean ``(B, 2)``."""
+        return self.act(self.logits(cells, h, visited), deterministic, generator)
+
+    @staticmethod
+    def entropy(logits: Tensor) -> Tensor:
+        """H(pi) = -sum_j p_j log p_j ``(B,)`` of logits ``(B, N)``; -inf (masked) cells contribute 0, and no NaN
+        reaches the gradient through them. Differentiable w.r.t. the logits."""
+        log_p = torch.log_softmax(logits, -1)
+        log_p = log_p.masked_fill(torch.isneginf(logits), 0.0)
+        return -(log_p.exp() * log_p).sum(-1)
+
+    def cell_index(self, action: Tensor) -> Tensor:
+        """The cell ``(B,)`` (long, row-major) whose centre is ``action`` ``(B, 2)``."""
+        ij = torch.round((action.detach().double() + 1) * self.grid / 2 - 0.5).long().clamp(0, self.grid - 1)
+        return ij[:, 1] * self.grid + ij[:, 0]
