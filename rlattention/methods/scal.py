@@ -27,6 +27,13 @@ from the detached ``X`` by the agent, and is evaluated with detached copies of i
 nor the backbone psi gets a gradient from it; ``(V - R)^2`` is computed from detached inputs, so it reaches
 phi only. Re-id losses train psi, theta and the heads as usual ("weakly supervised" attention).
 
+Explored attention (not in the paper; docs/scal.md): ``model.explore`` noisy passes a step (Gaussian noise on the
+attention logits, coarse in space), each scored by its reward, teach the critic what other maps would earn (its
+targets ``critic_target``: the reward, or the gain over the agents' own maps; ``critic_label``: the critic also reads
+the identity); ``agent_gradient=explored`` trains the agents by the self-critical policy gradient of those passes
+(:func:`smoothing_gradient`: each pass's reward minus the reward of the agents' own maps, times its noise) instead of
+the critic's gradient.
+
 ``model.attention``: ``none`` (the backbone alone, row (a) of the benchmark), ``weak`` (attention trained only
 by the re-id losses, (b)) or ``critic`` (self-critical, (c), default).
 
@@ -86,6 +93,17 @@ class SCALConfig:
     explore_std: float = 1.0
     explore_grid: int = 4
     critic_on_policy: bool = True
+    # what the critic learns from an explored pass: `absolute` (its reward R_e) or `advantage` (R_e - R_0, the gain
+    # over the agent's own map on the same images and augmentation, as V_e - V_0): the difference removes what the
+    # image and identity alone decide (most of R's variance) and leaves what the attention changes
+    critic_target: str = "absolute"
+    critic_label: bool = False  # the critic also reads the true identity (see Critic)
+    # what trains the agents besides the re-id losses: `critic` (the paper: J_cri = -V, through the critic's gradient
+    # with respect to the maps), `explored` (the self-critical policy gradient of the explored passes: each noisy
+    # pass's reward minus the reward of the agents' own maps, times its noise; see explored_gradient_loss; the critic
+    # is still trained and reported) or `both`
+    agent_gradient: str = "critic"
+    pg_weight: float = 1.0  # weight of the explored policy-gradient term
     critic_weight: float = 1.0  # weight of J_cri = -V (agent)
     mse_weight: float = 1.0  # weight of (V - R)^2 (critic)
     margin: float = 0.3  # batch-hard triplet margin
@@ -120,41 +138,64 @@ class AttentionAgent(nn.Module):
             else None
         )
 
-    def forward(self, x: Tensor, noise_std: float = 0.0, noise_grid: int = 0) -> tuple[Tensor, Tensor | None]:
+    def logits(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """The attention logits ``(spatial (B, 1, H, W) or None, channel (B, C) or None)``: the agent's mean action."""
+        spatial = self.spatial(x.mean(1, keepdim=True)) if self.spatial is not None else None
+        channel = self.channel(x.mean((2, 3))) if self.channel is not None else None
+        return spatial, channel
+
+    def forward(
+        self, x: Tensor, noise_std: float = 0.0, noise_grid: int = 0, noises: list | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """``noise_std`` > 0: an explored action, Gaussian noise of that std added to every attention logit (the
-        spatial noise drawn on a ``noise_grid`` x ``noise_grid`` grid and upsampled bilinearly; 0: per position)."""
+        spatial noise drawn on a ``noise_grid`` x ``noise_grid`` grid and upsampled bilinearly; 0: per position).
+        ``noises``: a list the standard-normal draws ``(spatial (B, 1, H, W) or None, channel (B, C) or None)`` are
+        appended to (the explored action is the mean logits plus ``noise_std`` times them)."""
         att = torch.ones((), device=x.device, dtype=x.dtype)
         spatial = None
-        if self.spatial is not None:
-            logit = self.spatial(x.mean(1, keepdim=True))  # (B, 1, H, W)
+        s_logit, c_logit = self.logits(x)
+        s_noise = c_noise = None
+        if s_logit is not None:
             if noise_std > 0:
-                b, _, h, w = logit.shape
+                b, _, h, w = s_logit.shape
                 if noise_grid > 0:
                     coarse = torch.randn(b, 1, noise_grid, noise_grid, device=x.device, dtype=x.dtype)
-                    noise = F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
+                    s_noise = F.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)
                 else:
-                    noise = torch.randn_like(logit)
-                logit = logit + noise_std * noise
-            spatial = torch.sigmoid(logit)
+                    s_noise = torch.randn_like(s_logit)
+                s_logit = s_logit + noise_std * s_noise
+            spatial = torch.sigmoid(s_logit)
             att = att * spatial
-        if self.channel is not None:
-            logit = self.channel(x.mean((2, 3)))
+        if c_logit is not None:
             if noise_std > 0:
-                logit = logit + noise_std * torch.randn_like(logit)
-            att = att * torch.sigmoid(logit)[:, :, None, None]  # (B, C, 1, 1)
+                c_noise = torch.randn_like(c_logit)
+                c_logit = c_logit + noise_std * c_noise
+            att = att * torch.sigmoid(c_logit)[:, :, None, None]  # (B, C, 1, 1)
+        if noises is not None:
+            noises.append((s_noise, c_noise))
         return att, spatial
 
 
 class Critic(nn.Module):
-    """``V = C(X, A | phi)``: a value per image from the attended features and spatial maps of every module."""
+    """``V = C(X, A | phi)``: a value per image from the attended features and spatial maps of every module.
+
+    ``num_classes`` > 0 (``model.critic_label``): the critic also reads the true identity y, ``V = (w + u_y)^T
+    ReLU(W LN(z) + b + e_y) + c`` with ``e_y``, ``u_y`` learned per identity (starting at 0, so the critic starts as
+    the unconditioned one): whether an attention map raises p_y depends on y, which the features alone leave the
+    critic to guess."""
 
     POOL = 4
 
-    def __init__(self, channels: list[int], spatial: bool, hidden: int) -> None:
+    def __init__(self, channels: list[int], spatial: bool, hidden: int, num_classes: int = 0) -> None:
         super().__init__()
         self.spatial = spatial
         d = sum(channels) + (len(channels) * self.POOL**2 if spatial else 0)
         self.net = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1))
+        self.label_in = nn.Embedding(num_classes, hidden) if num_classes else None
+        self.label_out = nn.Embedding(num_classes, hidden) if num_classes else None
+        for e in (self.label_in, self.label_out):
+            if e is not None:
+                nn.init.zeros_(e.weight)
 
     def inputs(self, records: list[tuple[Tensor, Tensor, Tensor | None]]) -> Tensor:
         parts = [(x * a).mean((2, 3)) for x, a, _ in records]
@@ -162,8 +203,14 @@ class Critic(nn.Module):
             parts += [F.adaptive_avg_pool2d(s, self.POOL).flatten(1) for _, _, s in records]
         return torch.cat(parts, 1)
 
-    def forward(self, z: Tensor) -> Tensor:
-        return self.net(z).squeeze(-1)
+    def forward(self, z: Tensor, labels: Tensor | None = None) -> Tensor:
+        if self.label_in is None or self.label_out is None:
+            return self.net(z).squeeze(-1)
+        if labels is None:
+            raise ValueError("this critic reads the true identity (model.critic_label=true): pass the labels")
+        norm, lin, _, out = self.net
+        h = F.relu(lin(norm(z)) + self.label_in(labels))
+        return out(h).squeeze(-1) + (h * self.label_out(labels)).sum(-1)
 
 
 def batch_hard_triplet(emb: Tensor, labels: Tensor, margin: float) -> tuple[Tensor, Tensor]:
@@ -207,6 +254,15 @@ def attention_rewards(
     else:
         r = {"both": r_c + r_a, "classification": r_c, "amelioration": r_a}[kind]
     return {"reward": r, "reward_classification": r_c, "reward_amelioration": r_a}
+
+
+def smoothing_gradient(rewards: Tensor, baseline: Tensor, draws: Tensor, sigma: float) -> Tensor:
+    """The Gaussian-smoothing (evolution-strategies) estimate of ``d E[R] / d mu`` from ``E`` perturbed actions
+    ``mu + sigma * n_e``: ``mean_e (R_e - b) n_e / sigma`` (detached). ``rewards`` ``(E, B)``, ``baseline`` ``(B,)``
+    (any value that does not depend on the draws, e.g. the reward of ``mu`` itself: it leaves the mean unchanged and
+    lowers the variance), ``draws`` ``(E, B, ...)`` standard normal -> ``(B, ...)``."""
+    adv = (rewards - baseline[None]).detach()
+    return (adv.view(*adv.shape, *([1] * (draws.ndim - 2))) * draws.detach()).mean(0) / sigma
 
 
 class _FrozenBatchNormStats:
@@ -258,6 +314,16 @@ class SCAL(AttentionMethod):
             raise ValueError(f"model.explore_std must be > 0 when model.explore > 0, got {cfg.explore_std!r}")
         if not isinstance(cfg.explore_grid, int) or cfg.explore_grid < 0:
             raise ValueError(f"model.explore_grid must be a grid size >= 0 (0: per position), got {cfg.explore_grid!r}")
+        if cfg.agent_gradient not in ("critic", "explored", "both"):
+            raise ValueError(f"model.agent_gradient must be critic, explored or both, got {cfg.agent_gradient!r}")
+        if cfg.agent_gradient != "critic" and cfg.explore == 0:
+            raise ValueError(
+                f"model.agent_gradient={cfg.agent_gradient} learns from explored passes: it needs model.explore > 0"
+            )
+        if cfg.critic_target not in ("absolute", "advantage"):
+            raise ValueError(f"model.critic_target must be absolute or advantage, got {cfg.critic_target!r}")
+        if cfg.critic_target == "advantage" and cfg.explore == 0:
+            raise ValueError("model.critic_target=advantage learns from explored passes: it needs model.explore > 0")
         if cfg.explore == 0 and not cfg.critic_on_policy and cfg.attention == "critic":
             raise ValueError(
                 "model.critic_on_policy=false needs model.explore > 0: the critic would learn from nothing"
@@ -290,7 +356,12 @@ class SCAL(AttentionMethod):
             }
         )
         self.critic = (
-            Critic([channels[i] for i in self.positions], "spatial" in cfg.attention_types, cfg.critic_hidden)
+            Critic(
+                [channels[i] for i in self.positions],
+                "spatial" in cfg.attention_types,
+                cfg.critic_hidden,
+                info.num_classes if cfg.critic_label else 0,
+            )
             if cfg.attention == "critic"
             else None
         )
@@ -309,27 +380,32 @@ class SCAL(AttentionMethod):
         return cls(replace(cfg, pretrained=""), info)  # the checkpoint holds every weight
 
     # -- network ---------------------------------------------------------------------------------------------
-    def feature_map(self, images: Tensor, attend: bool = True, noise_std: float = 0.0) -> tuple[Tensor, list]:
+    def feature_map(
+        self, images: Tensor, attend: bool = True, noise_std: float = 0.0, noises: list | None = None
+    ) -> tuple[Tensor, list]:
         """The last feature map and, per attention module, ``(input X, attention A, spatial map)``.
-        ``noise_std`` > 0: every module explores (see :class:`AttentionAgent`)."""
+        ``noise_std`` > 0: every module explores (see :class:`AttentionAgent`; its draws appended to ``noises``)."""
         x, records = images, []
         for i, stage in enumerate(self.backbone.stages()):
             x = stage(x)
             if attend and str(i) in self.agents:
-                att, spatial = self.agents[str(i)](x, noise_std, self.cfg.explore_grid)
+                att, spatial = self.agents[str(i)](x, noise_std, self.cfg.explore_grid, noises)
                 records.append((x, att, spatial))
                 x = x * att
         return x, records
 
-    def embed(self, images: Tensor, attend: bool = True, noise_std: float = 0.0) -> tuple[Tensor, Tensor, list]:
+    def embed(
+        self, images: Tensor, attend: bool = True, noise_std: float = 0.0, noises: list | None = None
+    ) -> tuple[Tensor, Tensor, list]:
         """``(f, BN(f), records)``: the pooled embedding, its BNNeck output and the attention records."""
-        x, records = self.feature_map(images, attend, noise_std)
+        x, records = self.feature_map(images, attend, noise_std, noises)
         f = x.mean((2, 3))
         return f, self.bnneck(f), records
 
-    def critic_value(self, records: list, for_agent: bool) -> Tensor:
+    def critic_value(self, records: list, for_agent: bool, labels: Tensor | None = None) -> Tensor:
         """``V``. ``for_agent``: gradient to theta only (detached X, attention recomputed from it, detached phi);
-        otherwise gradient to phi only (detached X and A)."""
+        otherwise gradient to phi only (detached X and A). ``labels``: the true identities (read by a critic
+        with ``model.critic_label``)."""
         assert self.critic is not None
         if for_agent:
             recs = []
@@ -338,9 +414,9 @@ class SCAL(AttentionMethod):
                 att, spatial = self.agents[str(i)](xd)
                 recs.append((xd, att, spatial))
             frozen = {k: v.detach() for k, v in self.critic.named_parameters()}
-            return functional_call(self.critic, frozen, (self.critic.inputs(recs),))
+            return functional_call(self.critic, frozen, (self.critic.inputs(recs), labels))
         recs = [(x.detach(), a.detach(), None if s is None else s.detach()) for x, a, s in records]
-        return self.critic(self.critic.inputs(recs))
+        return self.critic(self.critic.inputs(recs), labels)
 
     def augment(self, images: Tensor) -> Tensor:
         cfg = self.cfg
@@ -368,21 +444,35 @@ class SCAL(AttentionMethod):
                 _, fb_plain, _ = self.embed(images, attend=False)
                 logits_plain = self.classifier(fb_plain)
             rewards = attention_rewards(logits.detach(), logits_plain, labels, cfg.reward)
-            v_agent = self.critic_value(records, for_agent=True)
-            v_critic = self.critic_value(records, for_agent=False)
+            y = labels if cfg.critic_label else None
+            v_critic = self.critic_value(records, for_agent=False, labels=y)
             errors = [(v_critic - rewards["reward"]).pow(2)] if cfg.critic_on_policy else []
             if cfg.explore > 0:
                 explored = self.explore(images, logits_plain, labels)
-                errors += [(self.critic_value(recs, for_agent=False) - r).pow(2) for recs, r in explored]
-                r_exp = torch.stack([r for _, r in explored])  # (explore, B)
-                # the critic's prediction on these fresh actions, before it learns from them (held out), against
-                # the best constant for them (their mean): R^2 > 0 means the critic predicts better than a constant
+                r0 = rewards["reward"]
+                if cfg.critic_target == "advantage":
+                    targets_exp = [r - r0 for _, r, _ in explored]
+                    preds_exp = [
+                        self.critic_value(recs, for_agent=False, labels=y) - v_critic for recs, _, _ in explored
+                    ]
+                else:
+                    targets_exp = [r for _, r, _ in explored]
+                    preds_exp = [self.critic_value(recs, for_agent=False, labels=y) for recs, _, _ in explored]
+                errors += [(p - t).pow(2) for p, t in zip(preds_exp, targets_exp, strict=True)]
+                r_exp = torch.stack([r for _, r, _ in explored])  # (explore, B)
+                t_exp = torch.stack(targets_exp)
+                # the critic's prediction of its targets on these fresh actions, before it learns from them (held
+                # out), against the best constant for them (their mean): R^2 > 0 means it predicts better than a
+                # constant
                 err_exp = torch.stack(errors[-cfg.explore :]).detach()
-                var = (r_exp - r_exp.mean()).pow(2).mean()
+                var = (t_exp - t_exp.mean()).pow(2).mean()
                 stats["critic_heldout_mse"] = err_exp.mean()
                 stats["critic_heldout_r2"] = 1.0 - err_exp.mean() / var.clamp_min(1e-8)
                 stats["explored_reward"] = r_exp.mean()
-            terms["critic"] = cfg.critic_weight * -v_agent.mean()
+                if cfg.agent_gradient != "critic":
+                    terms["explored_pg"] = cfg.pg_weight * self.explored_gradient_loss(records, explored, r0)
+            if cfg.agent_gradient != "explored":
+                terms["critic"] = cfg.critic_weight * -self.critic_value(records, for_agent=True, labels=y).mean()
             terms["critic_mse"] = cfg.mse_weight * torch.cat(errors).mean()
             stats.update({k: v.mean() for k, v in rewards.items()})
             stats["value"] = v_critic.detach().mean()
@@ -390,16 +480,36 @@ class SCAL(AttentionMethod):
         return StepOutput(loss, terms, stats)
 
     @torch.no_grad()
-    def explore(self, images: Tensor, logits_plain: Tensor, labels: Tensor) -> list[tuple[list, Tensor]]:
+    def explore(self, images: Tensor, logits_plain: Tensor, labels: Tensor) -> list[tuple[list, Tensor, list]]:
         """``explore`` passes with noisy attention (no gradient, BatchNorm statistics untouched): per pass the
-        attention records and their rewards ``(B,)``."""
+        attention records, their rewards ``(B,)`` and the standard-normal draws of every module."""
         out = []
         with _FrozenBatchNormStats(self):
             for _ in range(self.cfg.explore):
-                _, fb, recs = self.embed(images, noise_std=self.cfg.explore_std)
+                noises: list = []
+                _, fb, recs = self.embed(images, noise_std=self.cfg.explore_std, noises=noises)
                 r = attention_rewards(self.classifier(fb), logits_plain, labels, self.cfg.reward)["reward"]
-                out.append((recs, r))
+                out.append((recs, r, noises))
         return out
+
+    def explored_gradient_loss(self, records: list, explored: list, r0: Tensor) -> Tensor:
+        """The self-critical policy gradient of the explored passes, as a surrogate loss on the agents' mean logits
+        (gradient to theta only: X detached). Each explored pass adds ``sigma * n`` to the logits; with its reward
+        ``R_e`` and the reward ``R_0`` of the agents' own (deterministic) maps on the same images as the baseline,
+        ``g = mean_e (R_e - R_0) n_e / sigma`` estimates dE[R]/d(logits) (a Gaussian-smoothing, evolution-strategies
+        estimate; the coarse spatial noise projects it onto smooth maps). Loss ``-sum(g . logits)``, summed over a
+        module's positions and channels, averaged over the images."""
+        rewards = torch.stack([r for _, r, _ in explored])  # (E, B)
+        total = r0.new_zeros(())
+        for m, (i, (x, _, _)) in enumerate(zip(self.positions, records, strict=True)):
+            mu_s, mu_c = self.agents[str(i)].logits(x.detach())
+            for mu, k in ((mu_s, 0), (mu_c, 1)):
+                if mu is None:
+                    continue
+                draws = torch.stack([noises[m][k] for _, _, noises in explored])  # (E, B, ...)
+                g = smoothing_gradient(rewards, r0, draws, self.cfg.explore_std)
+                total = total - (g * mu).flatten(1).sum(1).mean()
+        return total
 
     # -- evaluation ------------------------------------------------------------------------------------------
     @torch.no_grad()
