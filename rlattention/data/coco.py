@@ -47,6 +47,7 @@ __all__ = [
     "CocoFormatError",
     "CocoInstances",
     "build_coco",
+    "cv_fold_split",
     "find_coco_dir",
     "instances_path",
     "load_coco",
@@ -224,6 +225,28 @@ def _head(index: Tensor, count: int) -> Tensor:
     return index[:count] if count > 0 else index
 
 
+def cv_fold_split(n: int, folds: int, fold: int, seed: int, source: str = "the dataset") -> tuple[Tensor, Tensor]:
+    """``(rest_idx, test_idx)`` of fold ``fold`` of ``folds``-fold cross-validation over ``range(n)``.
+
+    ``range(n)`` is permuted once, seeded by ``split_seed(seed, "cv")`` (the same permutation for every
+    ``fold``), and cut into ``folds`` contiguous parts whose sizes differ by at most one; part ``fold`` is
+    ``test_idx``, the others are ``rest_idx`` (both int64, sorted ascending). Over ``fold = 0..folds-1`` the test
+    parts are disjoint and cover ``range(n)``. Raises ``ValueError`` naming ``data.cv_folds`` /
+    ``data.cv_fold`` and the bad value for ``folds < 2``, ``folds > n`` or ``fold`` outside ``0..folds-1``.
+    """
+    if folds < 2:
+        raise ValueError(f"data.cv_folds={folds}: cross-validation needs at least 2 folds (0 turns it off)")
+    if folds > n:
+        raise ValueError(f"data.cv_folds={folds}: more folds than the {n} image(s) of {source}")
+    if not 0 <= fold < folds:
+        raise ValueError(f"data.cv_fold={fold} must be in 0..{folds - 1} (data.cv_folds={folds})")
+    generator = torch.Generator().manual_seed(split_seed(seed, "cv"))
+    parts = torch.tensor_split(torch.randperm(n, generator=generator), folds)
+    test_idx = parts[fold].sort().values
+    rest_idx = torch.cat([p for k, p in enumerate(parts) if k != fold]).sort().values
+    return rest_idx, test_idx
+
+
 @register_dataset("coco")
 def build_coco(cfg: Any, data_dir: Path | None) -> DataSplits:
     """COCO multi-label recognition, K = 80 classes (the categories of the json), multi-hot targets.
@@ -236,6 +259,13 @@ def build_coco(cfg: Any, data_dir: Path | None) -> DataSplits:
     val the same way. ``cfg.image_size`` (default 224) is the square image side; ``cfg.num_train > 0`` keeps
     the first ``num_train`` training images and ``cfg.num_test > 0`` the first ``num_test`` of val and test
     (only those images are decoded).
+
+    Cross-validation (train2017 only): ``cfg.cv_folds = k > 0`` (default 0, off) with ``cfg.cv_fold`` in
+    ``0..k-1`` makes part ``cv_fold`` of :func:`cv_fold_split` (one seeded permutation of the images that does
+    not depend on the fold, cut into ``k`` near-equal contiguous parts) the test split; over the ``k`` folds
+    every image is tested exactly once. The other images are split into train / val as above (``val_size``,
+    seeded by ``cfg.seed``). ``cfg.test_fraction`` is ignored when folds are on. Folds with a val2017 present
+    are refused (val2017 is then the test split).
     """
     if data_dir is None:
         raise ValueError(_MISSING_DIR_MSG)
@@ -249,8 +279,22 @@ def build_coco(cfg: Any, data_dir: Path | None) -> DataSplits:
     n = len(train.image_ids)
     train_paths = _image_paths(coco_dir, "train2017", train.file_names)
 
+    cv_folds, cv_fold = int(_option(cfg, "cv_folds", 0)), int(_option(cfg, "cv_fold", 0))
+    if cv_folds < 0:
+        raise ValueError(f"data.cv_folds={cv_folds} must be >= 2 (k-fold cross-validation) or 0 (off)")
     val_json = instances_path(coco_dir, "val2017")
-    if val_json.is_file():
+    if cv_folds > 0 and val_json.is_file():
+        raise ValueError(
+            f"data.cv_folds={cv_folds}: cross-validation folds apply to a train2017-only folder (such as the "
+            f"128-image subset), but {val_json} is present and its images are the test split; set data.cv_folds=0"
+        )
+    if cv_folds > 0:
+        rest, test_idx = cv_fold_split(n, cv_folds, cv_fold, seed, source=str(train_json))
+        test_paths = [train_paths[i] for i in test_idx.tolist()]
+        test_targets = train.targets[test_idx]
+    elif cv_fold != 0:
+        raise ValueError(f"data.cv_fold={cv_fold} needs data.cv_folds > 0 (cross-validation is off: cv_folds=0)")
+    elif val_json.is_file():
         test = read_coco_instances(val_json)
         if test.category_ids != train.category_ids:
             raise CocoFormatError(

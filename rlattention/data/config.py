@@ -89,3 +89,7 @@ class DataConfig:
     sketchy_variant: str | None = None  # sketch/<variant>/; null: the first in sorted order
     sketchy_photo_variant: str | None = None  # photo/<variant>/; null: the sketch variant's name, else the first
     skip_bad: bool = False  # sketchy: skip bad files with a warning instead of an error
+    # coco without val2017: k-fold cross-validation; cv_folds > 0 makes part cv_fold (in 0..cv_folds-1) of one
+    # seeded, fold-independent permutation the test split (test_fraction is then ignored); 0 = off
+    cv_folds: int = 0
+    cv_fold: int = 0
