@@ -36,7 +36,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from rlattention.data import limits
 from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.limits import check_count, check_side
 from rlattention.data.mnist import split_seed
 from rlattention.data.photos import holdout_split, load_resized_images
 from rlattention.data.registry import register_dataset
@@ -144,6 +146,7 @@ def read_coco_instances(path: str | os.PathLike) -> CocoInstances:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"COCO instances file not found: {path}")
+    limits.check_file_size(path, limits.MAX_JSON_BYTES, "instances json", CocoFormatError)
     try:
         with path.open("rb") as f:
             data = json.load(f)
@@ -158,6 +161,15 @@ def read_coco_instances(path: str | os.PathLike) -> CocoInstances:
     categories = _entries(data, "categories", ("id", "name"), path)
     if not categories:
         raise CocoFormatError(f"{path}: 'categories' is empty")
+    check_count(str(path), "categories", len(categories), limits.MAX_CATEGORIES, CocoFormatError)
+    check_count(str(path), "images", len(images), limits.MAX_IMAGES, CocoFormatError)
+    check_count(
+        str(path),
+        f"target entries ({len(images):,} images x {len(categories):,} categories)",
+        len(images) * len(categories),
+        limits.MAX_TARGET_ELEMENTS,
+        CocoFormatError,
+    )
 
     category_ids = sorted(_unique_ids(categories, "categories", path))
     names_by_id = {c["id"]: str(c["name"]) for c in categories}
@@ -271,6 +283,7 @@ def build_coco(cfg: Any, data_dir: Path | None) -> DataSplits:
         raise ValueError(_MISSING_DIR_MSG)
     coco_dir = find_coco_dir(data_dir, "train2017")
     size = int(_option(cfg, "image_size", 224))
+    check_side("data.image_size", size)
     seed = int(_option(cfg, "seed", 0))
     val_size = int(_option(cfg, "val_size", 0))
     num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))

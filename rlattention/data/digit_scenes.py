@@ -97,6 +97,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from rlattention.data import limits
 from rlattention.data.mnist import find_mnist_files, load_mnist, split_seed
 from rlattention.data.precomp import CAPTIONS_PER_IMAGE, write_precomp_split
 from rlattention.vision.backbones import SmallCNN
@@ -701,6 +702,7 @@ def read_scene_descriptions(folder: str | os.PathLike, split: str) -> list[list[
     path = Path(folder) / f"{split}_scenes.json"
     if not path.is_file():
         raise FileNotFoundError(f"scene descriptions not found: {path}")
+    limits.check_file_size(path, limits.MAX_JSON_BYTES, "scene descriptions json")
     data = json.loads(path.read_text(encoding="utf-8"))
     return [
         [

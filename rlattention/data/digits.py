@@ -22,6 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.limits import check_side
 from rlattention.data.registry import register_dataset
 
 __all__ = ["build_digits", "make_digits", "render_glyphs"]
@@ -180,6 +181,7 @@ def build_digits(cfg: Any, data_dir: Path | None) -> DataSplits:
     """
     seed = _option(cfg, "seed", 0)
     canvas = _option(cfg, "canvas_size", 0) or 40
+    check_side("data.canvas_size", canvas)
     val_size = _option(cfg, "val_size", 6000)
     num_val = val_size if 0 < val_size < 6000 else 2000
     train = ArrayDataset(*make_digits(_option(cfg, "num_train", 0) or 20000, canvas, seed=seed))

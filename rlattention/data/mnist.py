@@ -7,7 +7,6 @@ values in row-major order, big-endian. Nothing is cached on disk: the four files
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import zlib
@@ -18,8 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlattention.data import limits
 from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.cluttered import make_cluttered
+from rlattention.data.limits import InputLimitError, check_side, gunzip_limited
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
 
@@ -89,7 +90,9 @@ def _magic_hint(head: bytes) -> str:
 
 def _decompress(path: Path, raw: bytes) -> bytes:
     try:
-        return gzip.decompress(raw)
+        return gunzip_limited(path, raw, IdxFormatError)
+    except InputLimitError:
+        raise
     except (OSError, EOFError, zlib.error) as err:
         raise IdxFormatError(
             f"{path}: corrupt gzip stream ({type(err).__name__}: {err}); expected a complete gzip file "
@@ -159,6 +162,7 @@ def read_idx(
     wrong magic number, or a payload that is shorter or longer than the declared dimensions.
     """
     path = Path(path)
+    limits.check_file_size(path, limits.MAX_DECOMPRESSED_BYTES, "IDX file", IdxFormatError)
     raw = path.read_bytes()
     data = _decompress(path, raw) if raw[:2] == _GZIP_MAGIC else raw
     expect_code = None
@@ -294,6 +298,8 @@ def build_cluttered_mnist(cfg: Any, data_dir: Path | None) -> DataSplits:
     canvas = int(_option(cfg, "canvas_size", 0)) or 60
     num_clutter = int(_option(cfg, "num_clutter", 4))
     clutter_size = int(_option(cfg, "clutter_size", 8))
+    check_side("data.canvas_size", canvas)
+    check_side("data.clutter_size", clutter_size)
     seed = int(_option(cfg, "seed", 0))
     parts: list[ArrayDataset] = []
     for split, part in zip(("train", "val", "test"), mnist_splits(cfg, data_dir), strict=True):

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
+from rlattention.data.limits import check_side
 from rlattention.data.mnist import load_mnist, split_seed
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
@@ -284,6 +285,8 @@ def _config_options(cfg: Any) -> dict[str, Any]:
     clutter_scale = float(_option(cfg, "clutter_scale", 1.0))
     if canvas < 1:
         raise ValueError(f"data.canvas_size must be >= 1 (0: 128), got {canvas}")
+    check_side("data.canvas_size", canvas)
+    check_side("data.clutter_size", clutter_size)
     if not 1 <= min_digits <= max_digits <= NUM_CLASSES:
         raise ValueError(
             f"data.digits_per_canvas must be [low, high] with 1 <= low <= high <= {NUM_CLASSES} (distinct classes), "

@@ -83,6 +83,7 @@ from PIL import Image, ImageOps
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.limits import check_archive, check_side, read_member
 from rlattention.data.photos import ImageDecodeError, holdout_split
 from rlattention.data.registry import register_dataset
 from rlattention.data.sketch_retrieval import find_omniglot_folder
@@ -186,6 +187,7 @@ def _reid_size(cfg: Any) -> tuple[int, int]:
         raise ValueError(f"reid_size must be [height, width], got {value!r}") from None
     if height < 1 or width < 1:
         raise ValueError(f"reid_size must be positive, got {[height, width]}")
+    check_side("data.reid_size", [height, width])
     return height, width
 
 
@@ -428,6 +430,7 @@ def _omniglot_characters(zip_path: Path) -> list[tuple[str, list[str]]]:
     out: dict[str, list[str]] = {}
     try:
         with zipfile.ZipFile(zip_path) as archive:
+            check_archive(archive, zip_path, ReidFormatError)
             names = archive.namelist()
     except (OSError, zipfile.BadZipFile) as err:
         raise ReidFormatError(f"{zip_path}: cannot read the zip ({type(err).__name__}: {err})") from err
@@ -505,7 +508,8 @@ def build_omniglot_reid(cfg: Any, data_dir: Path | None) -> DataSplits:
         for members, pids, cams, roles in parts:
             images = np.empty((len(members), 1, *size), dtype=np.uint8)
             for i, (z, member) in enumerate(members):
-                images[i] = _decode(archives[z].read(member), f"{zips[z]}:{member}", size, gray_ink=True)
+                data = read_member(archives[z], member, zips[z], ReidFormatError)
+                images[i] = _decode(data, f"{zips[z]}:{member}", size, gray_ink=True)
             splits.append((torch.from_numpy(images), pids, cams, roles))
     finally:
         for archive in archives:

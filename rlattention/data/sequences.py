@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
+from rlattention.data.limits import check_side
 from rlattention.data.mnist import load_mnist, split_seed
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
@@ -326,6 +327,7 @@ def build_mnist_sequences(cfg: Any, data_dir: Path | None) -> DataSplits:
     if data_dir is None:
         raise ValueError(_MISSING_DIR_MSG)
     canvas = int(_option(cfg, "canvas_size", 0)) or _DEFAULT_CANVAS
+    check_side("data.canvas_size", canvas)
     max_len = int(_option(cfg, "max_digits", 5))
     seed = int(_option(cfg, "seed", 0))
     val_size = int(_option(cfg, "val_size", 6000))

@@ -66,6 +66,7 @@ from PIL import Image
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.limits import check_archive, check_side, read_member
 from rlattention.data.mnist import split_seed
 from rlattention.data.photos import ImageDecodeError, holdout_split, load_resized_images
 from rlattention.data.registry import register_dataset
@@ -228,6 +229,7 @@ def _drawings(zip_path: Path, suffix: str) -> dict[tuple[str, str], list[str]]:
     (``<top>/<alphabet>/<character>/<drawing><suffix>``; macOS metadata is skipped)."""
     try:
         with zipfile.ZipFile(zip_path) as archive:
+            check_archive(archive, zip_path, SketchFormatError)
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError) as err:
         raise SketchFormatError(f"{zip_path}: not a readable zip ({err})") from err
@@ -315,7 +317,9 @@ def _read_omniglot_queries(index: OmniglotSketchIndex) -> list[np.ndarray]:
         with zipfile.ZipFile(zip_path) as archive:
             for row, (subset, member) in enumerate(index.query_members):
                 if subset == k:
-                    sketches[row] = parse_omniglot_strokes(archive.read(member), f"{zip_path}:{member}")
+                    sketches[row] = parse_omniglot_strokes(
+                        read_member(archive, member, zip_path, SketchFormatError), f"{zip_path}:{member}"
+                    )
     return sketches  # type: ignore[return-value]  # every row belongs to one of index.subsets
 
 
@@ -338,7 +342,9 @@ def _omniglot_photos(index: OmniglotSketchIndex, size: int) -> np.ndarray:
         with zipfile.ZipFile(zip_path) as archive:
             for row, (subset, member) in enumerate(index.photo_members):
                 if subset == k:
-                    photos[row] = _decode_png(archive.read(member), size, f"{zip_path}:{member}")
+                    photos[row] = _decode_png(
+                        read_member(archive, member, zip_path, SketchFormatError), size, f"{zip_path}:{member}"
+                    )
     return photos
 
 
@@ -364,6 +370,7 @@ def _render_options(cfg: Any) -> _RenderOptions:
         raise ValueError(f"completion_steps must be >= 1, got {steps}")
     if size < 1:
         raise ValueError(f"image_size must be >= 1, got {size}")
+    check_side("data.image_size", size)
     return _RenderOptions(
         steps, size, float(_option(cfg, "line_width", 2.0)), resolve_cache_dir(_option(cfg, "render_cache", None))
     )

@@ -70,6 +70,7 @@ import numpy as np
 from PIL import Image
 
 from rlattention.data.base import DataSplits
+from rlattention.data.limits import check_side
 from rlattention.data.mnist import split_seed
 from rlattention.data.photos import ImageDecodeError, holdout_split, read_resized_image
 from rlattention.data.registry import register_dataset
@@ -471,6 +472,7 @@ def _check_options(cfg: Any) -> tuple[int, str]:
     size = int(_option(cfg, "image_size", 224))
     if size < 1:
         raise ValueError(f"image_size must be >= 1, got {size}")
+    check_side("data.image_size", size)
     split = str(_option(cfg, "sketchy_split", "by_photo"))
     if split not in SKETCHY_SPLITS:
         raise ValueError(f"data.sketchy_split must be one of {', '.join(SKETCHY_SPLITS)}, got {split!r}")

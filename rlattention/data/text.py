@@ -49,6 +49,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlattention.data import limits
+
 __all__ = [
     "END",
     "END_ID",
@@ -264,6 +266,7 @@ class Vocabulary:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"vocabulary file not found: {path}")
+        limits.check_file_size(path, limits.MAX_JSON_BYTES, "vocabulary json", VocabularyError)
         try:
             document = json.loads(path.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as err:

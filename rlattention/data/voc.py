@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.limits import check_side
 from rlattention.data.photos import holdout_split, load_resized_images
 from rlattention.data.registry import register_dataset
 
@@ -279,6 +280,7 @@ def build_voc2007(cfg: Any, data_dir: Path | None) -> DataSplits:
         raise ValueError(_MISSING_DIR_MSG)
     voc_dir = find_voc2007_dir(data_dir)
     size = int(_option(cfg, "image_size", 224))
+    check_side("data.image_size", size)
     num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
     trainval_ids = read_image_set(voc_dir, "trainval")
     test_ids = read_image_set(voc_dir, "test")
