@@ -244,6 +244,26 @@ def plot_completion_curves(curves: dict[str, Tensor], path: Path, ylabel: str = 
     return _save(fig, path)
 
 
+#: The colour map of attention overlays: perceptually uniform, so equal steps of attention look equally different.
+ATTENTION_CMAP = "viridis"
+
+
+def attention_range(maps: Sequence[Tensor], vrange: tuple[float, float] | None = None) -> tuple[float, float]:
+    """The one colour scale of a figure of attention maps: ``vrange`` if given (checked), else the smallest and
+    largest value over all the maps (a degenerate range widened by 1e-6)."""
+    if vrange is not None:
+        lo, hi = (float(v) for v in vrange)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"vrange must be two finite numbers lo < hi, got {vrange!r}")
+        return lo, hi
+    values = [m.detach().float() for m in maps if m.numel()]
+    if not values:
+        return 0.0, 1.0
+    lo = min(float(v.min()) for v in values)
+    hi = max(float(v.max()) for v in values)
+    return lo, max(hi, lo + 1e-6)
+
+
 def plot_reid_ranking(
     query: Tensor,
     maps: Tensor,
@@ -252,10 +272,11 @@ def plot_reid_ranking(
     path: Path,
     title: str = "",
     module_names: Sequence[str] = (),
+    vrange: tuple[float, float] | None = (0.0, 1.0),
 ) -> Path:
-    """A re-identification query: the query image, its attention maps over it (one panel per module, each on its
-    own colour scale, its range in the title) and the ranked gallery strip (green frame: same identity, red:
-    another).
+    """A re-identification query: the query image, its attention maps over it (one panel per module, all on one
+    colour scale, ``vrange``, by default the attention's own range 0 to 1; ``None``: the maps' common min to max)
+    with one colourbar, and the ranked gallery strip (green frame: same identity, red: another).
 
     query ``(C, H, W)`` (uint8 or float in [0, 1]); maps ``(M, H, W)`` in [0, 1]; ranked ``(K, C, H, W)``.
     """
@@ -269,6 +290,7 @@ def plot_reid_ranking(
         return _as_image(x)
 
     M, K = len(maps), len(ranked)
+    lo, hi = attention_range(list(maps), vrange)
     cols = max(1 + M, K)
     fig, axes = plt.subplots(2, cols, figsize=(1.3 * cols, 3.2), squeeze=False)
     for ax in axes.flat:
@@ -276,13 +298,17 @@ def plot_reid_ranking(
     cmap = "gray" if query.shape[0] == 1 else None
     axes[0, 0].imshow(img(query), cmap=cmap)
     axes[0, 0].set_title("query", fontsize=8)
-    for m in range(M):  # each map on its own colour scale (attention often varies over a narrow range)
+    shown = None
+    for m in range(M):  # every map on the same colour scale, so that panels compare
         a = maps[m].float().cpu()
-        lo, hi = float(a.min()), float(a.max())
         axes[0, 1 + m].imshow(img(query), cmap=cmap)
-        axes[0, 1 + m].imshow(a.numpy(), cmap="jet", alpha=0.5, vmin=lo, vmax=max(hi, lo + 1e-6))
+        shown = axes[0, 1 + m].imshow(a.numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=lo, vmax=hi)
         name = module_names[m] if m < len(module_names) else f"module {m}"
-        axes[0, 1 + m].set_title(f"{name}\n{lo:.2f}-{hi:.2f}", fontsize=7)
+        axes[0, 1 + m].set_title(f"{name}\n{float(a.min()):.2f}-{float(a.max()):.2f}", fontsize=7)
+    if shown is not None:
+        bar = fig.colorbar(shown, ax=list(axes[0, 1 : 1 + M]), fraction=0.025, pad=0.02)
+        bar.set_label("attention (channel mean)", fontsize=7)
+        bar.ax.tick_params(labelsize=6)
     for k in range(K):
         ax = axes[1, k]
         ax.imshow(img(ranked[k]), cmap=cmap)
@@ -296,3 +322,70 @@ def plot_reid_ranking(
     if title:
         fig.suptitle(title, fontsize=9)
     return _save(fig, path)
+
+
+def attention_overlay_figure(
+    images: Tensor,
+    maps: dict[str, Tensor],
+    module_names: Sequence[str] = (),
+    vrange: tuple[float, float] | None = None,
+    title: str = "",
+):
+    """Attention maps of one or more models over the same images, every panel on one colour scale with one
+    colourbar. ``images`` ``(N, C, H, W)`` (uint8 or float in [0, 1]); ``maps`` ``{model name: (N, M, H, W)}``
+    (each model may have its own number of modules M); ``vrange`` the scale (``None``: the min to max over every
+    map drawn). One row per image and model, the image first. Returns the matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if images.ndim != 4:
+        raise ValueError(f"images must be (N, C, H, W), got {tuple(images.shape)}")
+    if not maps:
+        raise ValueError("attention_overlay_figure needs at least one model's maps")
+    N = len(images)
+    for name, m in maps.items():
+        if m.ndim != 4 or len(m) != N or tuple(m.shape[-2:]) != tuple(images.shape[-2:]):
+            raise ValueError(
+                f"maps[{name!r}] must be (N={N}, M, H, W) with the images' H x W {tuple(images.shape[-2:])}, "
+                f"got {tuple(m.shape)}"
+            )
+    lo, hi = attention_range([m for m in maps.values()], vrange)
+    M = max(m.shape[1] for m in maps.values())
+    rows = N * len(maps)
+    fig, axes = plt.subplots(rows, 1 + M, figsize=(1.25 * (1 + M) + 0.8, 1.3 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    cmap = "gray" if images.shape[1] == 1 else None
+    shown = None
+    for n in range(N):
+        x = images[n].float() / 255.0 if images.dtype == torch.uint8 else images[n].float()
+        for j, (name, m) in enumerate(maps.items()):
+            r = n * len(maps) + j
+            axes[r, 0].imshow(_as_image(x), cmap=cmap)
+            axes[r, 0].set_title(f"{name}, image {n}", fontsize=7)
+            for k in range(m.shape[1]):
+                a = m[n, k].detach().float().cpu()
+                axes[r, 1 + k].imshow(_as_image(x), cmap=cmap)
+                shown = axes[r, 1 + k].imshow(a.numpy(), cmap=ATTENTION_CMAP, alpha=0.6, vmin=lo, vmax=hi)
+                label = module_names[k] if k < len(module_names) else f"module {k}"
+                axes[r, 1 + k].set_title(f"{label} {float(a.min()):.2f}-{float(a.max()):.2f}", fontsize=6)
+    bar = fig.colorbar(shown, ax=axes.ravel().tolist(), fraction=0.02, pad=0.01)
+    bar.set_label(f"attention (channel mean), one scale {lo:.2f} to {hi:.2f}", fontsize=7)
+    bar.ax.tick_params(labelsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_attention_overlays(
+    images: Tensor,
+    maps: dict[str, Tensor],
+    path: Path,
+    module_names: Sequence[str] = (),
+    vrange: tuple[float, float] | None = None,
+    title: str = "",
+) -> Path:
+    """:func:`attention_overlay_figure` saved to ``path``."""
+    return _save(attention_overlay_figure(images, maps, module_names, vrange, title), path)
