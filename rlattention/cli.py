@@ -33,7 +33,17 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="train a method on a dataset", formatter_class=argparse.RawDescriptionHelpFormatter)
     f.add_argument("--config", "-c", help="experiment YAML (see configs/); defaults are used when omitted")
     f.add_argument("--data-dir", help="dataset folder (default: data.data_dir, then $RLATTENTION_DATA)")
-    f.add_argument("--resume", help="checkpoint or run folder to continue (its config is used)")
+    f.add_argument(
+        "--resume",
+        help="run folder, or any checkpoint inside one, to continue in that folder (its config and data folder "
+        "are used; --data-dir still wins)",
+    )
+    f.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start in trainer.run_name even if that folder is used: the old one is renamed aside to "
+        "<name>.replaced-<time> (never deleted); default: a used name gets <name>-v2, -v3...",
+    )
     f.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. model.num_glimpses=8")
 
     e = sub.add_parser("eval", help="evaluate a checkpoint")
@@ -140,11 +150,14 @@ def _backbones(args) -> int:
 
 def _fit(args) -> int:
     from rlattention.engine.config import build_config, from_dict, load_config, parse_overrides
-    from rlattention.engine.trainer import _resolve_checkpoint, fit
+    from rlattention.engine.trainer import fit
 
     if args.resume:
         if args.config:
             raise SystemExit("rlattention fit: --resume uses the checkpoint's own config; do not pass --config")
+        if args.overwrite:
+            raise SystemExit("rlattention fit: --overwrite starts a new run; it cannot be combined with --resume")
+        from rlattention.engine.rundir import resolve_resume
         from rlattention.engine.checkpoint import load_checkpoint_file
 
         fixed = [
@@ -158,13 +171,15 @@ def _fit(args) -> int:
                 f"rlattention fit --resume: {', '.join(fixed)} would change the model, the data or the batches of a "
                 "run in progress; only schedule/logging keys (e.g. trainer.epochs, trainer.log_every) may change"
             )
-        ckpt = load_checkpoint_file(_resolve_checkpoint(args.resume))
+        ckpt = load_checkpoint_file(resolve_resume(args.resume)[1])
         base = from_dict(ckpt["config"])
         import dataclasses
 
         cfg = build_config(dataclasses.asdict(base), parse_overrides(args.overrides), source=f"{args.resume} (config)")
     else:
         cfg = load_config(args.config, args.overrides)
+        if args.overwrite:
+            cfg.trainer.overwrite = True
     report = fit(cfg, data_dir=args.data_dir, resume=args.resume)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 

@@ -24,10 +24,16 @@ class CheckpointError(RuntimeError):
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    for check in (True, False):  # before and after creating the folder
+        if os.path.islink(path.parent):  # e.g. a run's checkpoints/ replaced by a link: never written through
+            raise CheckpointError(f"{path.parent} is a symbolic link; a checkpoint is never written through a link")
+        if check:
+            path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.raw.name = str(tmp)  # as open(tmp) names it
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
@@ -95,3 +101,59 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict:
         return load_checkpoint_file(path, map_location="cpu" if map_location is None else map_location)
+
+
+RESUMABLE = ("model", "optimizer", "scheduler", "progress")  # what a resumed run restores from a checkpoint
+
+
+def _names(keys: list[str], count: int = 3) -> str:
+    shown = ", ".join(keys[:count])
+    return f"{shown}, ... ({len(keys)} in all)" if len(keys) > count else shown
+
+
+def load_model_state(model: torch.nn.Module, state: dict, source: Any) -> None:
+    """Load the weights ``state`` into ``model``, all of them or none: a one-line :class:`CheckpointError` naming
+    the missing, unexpected and shape-mismatched keys (the first few of each, with counts) when they do not fit.
+    The model's own load hooks apply (e.g. an optional ``_extra_state`` is not reported missing)."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{source}: the checkpoint's 'model' entry is not a state dict")
+    expected = model.state_dict()
+    shapes = [
+        f"{k} (checkpoint {list(v.shape)}, model {list(expected[k].shape)})"
+        for k, v in state.items()
+        if k in expected
+        and isinstance(v, torch.Tensor)
+        and isinstance(expected[k], torch.Tensor)
+        and v.shape != expected[k].shape
+    ]
+    if shapes:  # a load would raise on the first one: report the key sets without loading
+        missing = [k for k in expected if k not in state and not k.endswith("_extra_state")]
+        unexpected = [k for k in state if k not in expected]
+    else:
+        try:
+            result = model.load_state_dict(state, strict=False)
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{source}: the checkpoint's weights do not fit the model: {first}") from None
+        missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing ({_names(missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected ({_names(unexpected)})")
+        if shapes:
+            parts.append(f"{len(shapes)} of another shape ({_names(shapes, 2)})")
+        raise CheckpointError(
+            f"{source}: the checkpoint's weights do not fit the model of its config: {'; '.join(parts)}"
+        )
+
+
+def check_resumable(ckpt: dict, source: Any) -> None:
+    """A :class:`CheckpointError` naming the entries a resume needs that ``ckpt`` lacks (a weights-only file)."""
+    lacking = [k for k in RESUMABLE if k not in ckpt]
+    if lacking:
+        raise CheckpointError(
+            f"{source}: cannot resume from it: no {', '.join(repr(k) for k in lacking)} entr"
+            f"{'y' if len(lacking) == 1 else 'ies'} (it can be evaluated, not continued)"
+        )

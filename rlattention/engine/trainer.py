@@ -9,6 +9,7 @@ progress and the final report.
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import json
 import math
@@ -29,12 +30,29 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from rlattention.data.base import ArrayDataset, DataSplits
-from rlattention.data.registry import build_dataset
-from rlattention.engine.checkpoint import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
+from rlattention.data.registry import build_dataset, resolve_data_dir
+from rlattention.engine.checkpoint import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_resumable,
+    load_checkpoint_file,
+    load_model_state,
+)
 from rlattention.engine.config import ExperimentConfig, OptimConfig, from_dict, to_dict
 from rlattention.engine.loader import BatchLoader
 from rlattention.engine.method import AttentionMethod, DataInfo
 from rlattention.engine.registry import get_method
+from rlattention.engine.rundir import (
+    RunFolderError,
+    check_not_busy,
+    check_run_name,
+    choose_run_dir,
+    claim_run_dir,
+    find_run_dir,
+    refuse_links,
+    resolve_resume,
+    write_text_nofollow,
+)
 
 
 class TrainingDiverged(RuntimeError):
@@ -243,21 +261,28 @@ def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
     return len(rows) - len(kept)
 
 
-def _strategy(name: str, devices: Any):
+def _strategy(name: str, devices: Any, timeout_minutes: float = 30.0):
     """``ddp`` (also ``auto`` with several devices outside interactive sessions, where Lightning picks ``ddp``
     too): Lightning's DDP with ``find_unused_parameters=True``. Some methods have trainable parameters that a step
     leaves without a gradient (e.g. the ``w_mean`` head of dcpg's policies, which only ``pg: continuous`` uses),
     which plain DDP rejects at the next step. ``ddp_find_unused_parameters_false``: plain DDP (a little faster
-    where every step uses every parameter). Other names go to Lightning as they are."""
+    where every step uses every parameter). The other names of Lightning's ``ddp`` family (``ddp_spawn``,
+    ``ddp_fork``, ...) are built as Lightning builds them. Every DDP strategy gets ``timeout_minutes``
+    (``trainer.collective_timeout_minutes``) as its process group's timeout: a collective that waits longer for a
+    stalled rank raises instead of hanging. Other names go to Lightning as they are."""
+    import datetime
+
+    from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy
+
+    timeout = datetime.timedelta(minutes=timeout_minutes)
     interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
     if name == "ddp" or (name == "auto" and isinstance(devices, int) and devices > 1 and not interactive):
-        from lightning.fabric.strategies import DDPStrategy
-
-        return DDPStrategy(find_unused_parameters=True)
+        return DDPStrategy(find_unused_parameters=True, timeout=timeout)
     if name == "ddp_find_unused_parameters_false":
-        from lightning.fabric.strategies import DDPStrategy
-
-        return DDPStrategy(find_unused_parameters=False)
+        return DDPStrategy(find_unused_parameters=False, timeout=timeout)
+    entry = STRATEGY_REGISTRY[name] if isinstance(name, str) and name in STRATEGY_REGISTRY else None
+    if entry is not None and issubclass(entry["strategy"], DDPStrategy):
+        return entry["strategy"](**entry["init_params"], timeout=timeout)
     return name
 
 
@@ -269,7 +294,7 @@ def _make_fabric(cfg: ExperimentConfig, run_dir: Path | None, resume: bool = Fal
     return Fabric(
         accelerator=tc.accelerator,
         devices=tc.devices,
-        strategy=_strategy(tc.strategy, tc.devices),
+        strategy=_strategy(tc.strategy, tc.devices, tc.collective_timeout_minutes),
         precision=tc.precision,
         plugins=[AtomicCheckpointIO()],
         loggers=loggers,
@@ -483,8 +508,12 @@ def check_params_in_sync(fabric: Fabric, model: torch.nn.Module) -> bool:
 
 
 def _resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given; a folder: ``checkpoints/last.ckpt`` of the run folder it is (or is inside)."""
     p = Path(path)
-    return p / "checkpoints" / "last.ckpt" if p.is_dir() else p
+    if not p.is_dir():
+        return p
+    run = find_run_dir(p)
+    return (p if run is None or run == p.absolute() else run) / "checkpoints" / "last.ckpt"
 
 
 def fit(
@@ -493,28 +522,78 @@ def fit(
     resume: str | Path | None = None,
     splits: DataSplits | None = None,
 ) -> dict[str, Any]:
-    """Train ``cfg``; returns the final report (best epoch, validation and test metrics, paths)."""
+    """Train ``cfg``; returns the final report (best epoch, validation and test metrics, paths).
+
+    A new run gets a folder of its own (``out_dir/run_name``, else ``run_name-v2``, ``-v3``...: a used folder is
+    never written into; ``trainer.overwrite`` renames it aside first); ``resume``: a run folder or a checkpoint
+    inside one, continued in that folder. The run folder is locked (``.lock``) while the run trains."""
     tc = cfg.trainer
     if tc.num_threads > 0:
         torch.set_num_threads(tc.num_threads)
     if tc.deterministic:
         torch.use_deterministic_algorithms(True)
-    resume_path = _resolve_checkpoint(resume) if resume else None
-    if resume_path is not None:
-        if not resume_path.is_file():
-            raise CheckpointError(f"--resume: checkpoint not found: {resume_path}")
-        run_dir = resume_path.parent.parent
+    resume_dir, resume_path = resolve_resume(resume) if resume else (None, None)
+    if splits is None:  # record the data folder this run reads: a resume then needs no --data-dir
+        used = resolve_data_dir(data_dir or cfg.data.data_dir)
+        if used is not None:
+            cfg = copy.deepcopy(cfg)
+            tc = cfg.trainer
+            cfg.data.data_dir = data_dir = str(used.absolute())
+    name = ""
+    if resume_dir is not None:
+        run_dir = resume_dir
+        refuse_links(run_dir)
+        check_not_busy(run_dir)  # at once, before anything touches the folder
     else:
+        if tc.run_name:
+            check_run_name(tc.run_name)
         name = tc.run_name or f"{cfg.method}_{cfg.data.name}_{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(tc.out_dir) / name
+        run_dir = choose_run_dir(tc.out_dir, name, tc.overwrite)
+        if tc.overwrite:
+            check_not_busy(run_dir)
     fabric = _make_fabric(cfg, run_dir, resume=resume_path is not None)
     fabric.launch()
-    run_dir = Path(fabric.broadcast(str(run_dir)))
-    if fabric.global_rank == 0:
-        _check_writable(run_dir)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    run_dir = Path(fabric.broadcast(str(run_dir)))  # rank 0's folder (a default name holds rank 0's time)
+    lock, failure = None, None
+    if fabric.global_rank == 0:  # rank 0 creates, locks and guards the folder; the others wait for its word
+        try:
+            fresh = resume_path is None
+            lock = claim_run_dir(run_dir, fresh=fresh, overwrite=fresh and tc.overwrite, make=_check_writable)
+            if fresh and run_dir.name != name:
+                fabric.print(
+                    f"run folder {run_dir.with_name(name)} is already used: this run writes to {run_dir} "
+                    "(trainer.overwrite=true / --overwrite starts in the old name, keeping the old run aside)"
+                )
+            if fresh:  # a resume rewrites it once its checkpoint is loaded: a failed resume changes nothing
+                write_text_nofollow(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        except Exception as e:
+            if lock is not None:
+                lock.release()
+            failure = e
+    if fabric.world_size > 1:
+        message = fabric.broadcast(None if failure is None else str(failure) or type(failure).__name__)
+        if failure is None and message is not None:
+            raise RunFolderError(message)
+    if failure is not None:
+        raise failure
     fabric.barrier()
+    try:
+        return _train(cfg, fabric, run_dir, resume_path, splits, data_dir)
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _train(
+    cfg: ExperimentConfig,
+    fabric: Fabric,
+    run_dir: Path,
+    resume_path: Path | None,
+    splits: DataSplits | None,
+    data_dir: str | None,
+) -> dict[str, Any]:
+    """The body of :func:`fit` once the run folder is chosen, locked and holds ``config.yaml``."""
+    tc = cfg.trainer
     fabric.seed_everything(tc.seed, verbose=False)  # same initial weights on every rank
     if splits is None:
         with fabric.rank_zero_first():  # rank 0 writes any render cache; the others then read it
@@ -522,7 +601,13 @@ def fit(
     method_cls = get_method(cfg.method)
     # resuming: the model is rebuilt from the checkpoint's weights where a method reads an artifact (darp)
     t_build = time.perf_counter()
-    model = build_model(cfg, splits, load_checkpoint_file(resume_path)["model"] if resume_path else None)
+    resume_ckpt = load_checkpoint_file(resume_path) if resume_path is not None else None
+    if resume_ckpt is not None:
+        check_resumable(resume_ckpt, resume_path)
+    model = build_model(cfg, splits, resume_ckpt["model"] if resume_ckpt is not None else None)
+    if resume_ckpt is not None:  # every weight of the checkpoint fits, or a one-line error naming the keys
+        load_model_state(model, resume_ckpt["model"], resume_path)
+    del resume_ckpt
     prepare_seconds = time.perf_counter() - t_build  # includes on_fit_start (e.g. caching frozen features)
     if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints are unchanged
         options = method_cls.cpu_compile_options if fabric.device.type == "cpu" else {}
@@ -555,10 +640,12 @@ def fit(
     progress = Progress()
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "progress": progress}
     if resume_path is not None:
-        rest = fabric.load(resume_path, state, strict=False)  # restores model, optimizer and scheduler in place
+        rest = fabric.load(resume_path, state, strict=True)  # restores model, optimizer and scheduler in place
         loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
         progress.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
         state["progress"] = progress
+        if fabric.global_rank == 0:  # the config of the run from now on (resume overrides included)
+            write_text_nofollow(run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         if fabric.global_rank == 0:  # rows a killed run logged after this checkpoint are about to be logged again
             final = f"{cfg.eval.split}/" if cfg.eval.split != "val" else ""  # val rows at `step` precede it
             truncate_metrics_csv(run_dir / "logs" / "metrics.csv", progress.step, final)
@@ -694,7 +781,7 @@ def fit(
     # Final report: the model selected on validation, evaluated once on the requested split.
     best_path = ckpt_dir / "best.ckpt"
     if best_path.is_file():
-        fabric.load(best_path, {"model": model}, strict=False)
+        load_model_state(raw, load_checkpoint_file(best_path)["model"], best_path)  # all of it, or an error
         raw.set_progress(min(1.0, progress.best_step / max(1, total_steps)))  # the schedules of that checkpoint
     test_split = splits.test if cfg.eval.split == "test" else splits.val
     test_metrics = evaluate(fabric, model, test_split, tc.eval_batch_size, cfg.eval.mc_samples, cfg.eval.seed)
@@ -716,6 +803,7 @@ def fit(
     }
     figures: list[str] = []
     if fabric.global_rank == 0:
+        refuse_links(run_dir)  # figures/ and report.json: never written through a link planted meanwhile
         if cfg.eval.viz_images > 0:
             gen = torch.Generator(device=fabric.device).manual_seed(cfg.eval.seed)
             raw.eval()
@@ -731,7 +819,8 @@ def fit(
         report["figures"] = figures
         raw.eval()
         report["artifacts"] = [str(p) for p in raw.export(splits, run_dir)]
-        (run_dir / "report.json").write_text(json.dumps(report, indent=2))
+        refuse_links(run_dir)
+        write_text_nofollow(run_dir / "report.json", json.dumps(report, indent=2))
     for logger in fabric.loggers:
         logger.finalize("success")
     return report
@@ -764,10 +853,7 @@ def _build_for_eval(ckpt: dict, path: str | Path, data_dir: str | None, fabric: 
     model = get_method(cfg.method).from_checkpoint(
         cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)), ckpt["model"]
     )
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit the model of its config: {e}") from None
+    load_model_state(model, ckpt["model"], path)  # all of the weights, or a one-line error naming the keys
     model.set_progress(_checkpoint_progress(ckpt, cfg, len(splits.train)))  # schedules (sigma, epsilon) as trained
     return cfg, model, splits
 
