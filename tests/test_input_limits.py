@@ -286,3 +286,43 @@ def test_canvas_and_glimpse_sizes_over_the_maximum(tmp_path: Path) -> None:
         build_dataset("digits", DataConfig(name="digits", canvas_size=100_000), None)
     assert time.perf_counter() - start < 2.0
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "name", ["../secret.jpg", "sub/../../secret.jpg", "/etc/passwd", "..\\secret.jpg", "", "C:secret.jpg"]
+)
+def test_coco_file_name_that_leaves_its_folder_is_refused(tmp_path: Path, name: str) -> None:
+    """A COCO ``file_name`` with ``..``, an absolute path or nothing: one line naming the json, the entry and the
+    name; the image beside the dataset folder is never opened and no file changes."""
+    coco_tests = _fixtures("test_coco")
+    root = _data_dir(tmp_path) / "coco"
+    data = coco_tests.tiny_instances(["t0.jpg", "t1.jpg"])
+    coco_tests.write_coco(root, "train2017", data)
+    (tmp_path / "data" / "secret.jpg").write_bytes(b"not yours")
+    data["images"][1]["file_name"] = name
+    path = root / "annotations" / "instances_train2017.json"
+    path.write_text(json.dumps(data))
+    before = snapshot(tmp_path)
+    with pytest.raises(CocoFormatError) as err:
+        read_coco_instances(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "images[1].file_name" in message
+    assert repr(name) in message and "inside its folder" in message
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("image_id", ["../../../secret", "/tmp/secret", "a/../../b"])
+def test_voc_image_id_that_leaves_its_folder_is_refused(tmp_path: Path, image_id: str) -> None:
+    """A VOC image set listing an id with ``..`` or an absolute path: one line naming the file, the line and the id;
+    nothing is read outside ``VOC2007/`` and no file changes."""
+    from rlattention.data.voc import VocFormatError, read_image_set
+
+    voc_dir = _fixtures("test_voc").write_tree(_data_dir(tmp_path))
+    listing = voc_dir / "ImageSets" / "Main" / "trainval.txt"
+    listing.write_text(f"000001\n{image_id}\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(VocFormatError) as err:
+        read_image_set(voc_dir, "trainval")
+    message = str(err.value)
+    assert "\n" not in message and f"{listing}:2" in message and repr(image_id) in message
+    assert snapshot(tmp_path) == before

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from rlattention.data import limits
 from rlattention.data.base import ArrayDataset, DataSplits
-from rlattention.data.limits import check_count, check_side
+from rlattention.data.limits import check_count, check_name_inside, check_side
 from rlattention.data.mnist import split_seed
 from rlattention.data.photos import holdout_split, load_resized_images
 from rlattention.data.registry import register_dataset
@@ -194,7 +194,10 @@ def read_coco_instances(path: str | os.PathLike) -> CocoInstances:
     targets[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)] = 1.0
     return CocoInstances(
         image_ids=image_ids,
-        file_names=[str(im["file_name"]) for im in images],
+        file_names=[
+            check_name_inside(str(path), f"images[{i}].file_name", im["file_name"], CocoFormatError)
+            for i, im in enumerate(images)
+        ],
         targets=targets,
         category_ids=category_ids,
         category_names=[names_by_id[c] for c in category_ids],

@@ -47,7 +47,7 @@ import os
 import zipfile
 import zlib
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 __all__ = [
@@ -150,6 +150,22 @@ def check_side(key: str, value: Any, error: type[Exception] = InputLimitError) -
                 f"{key}={value!r}: a side of {v} px exceeds the maximum of {MAX_IMAGE_SIDE} px "
                 "(MAX_IMAGE_SIDE, rlattention.data.limits)",
             )
+
+
+def check_name_inside(source: str, what: str, name: Any, error: type[Exception] = ValueError) -> str:
+    """``name`` (a file name or image id read from a dataset file) if it stays inside its folder: a relative path
+    with no ``..`` part, no NUL byte and not empty; else one line naming ``source``, ``what`` and the name. Paths
+    built from a dataset's own files can then never read (or, in a cache, write) outside the dataset folder."""
+    text = name if isinstance(name, str) else None
+    parts = PurePosixPath(text.replace("\\", "/")).parts if text else ()
+    if text is None or not text.strip() or "\0" in text or ".." in parts or text.startswith(("/", "\\")) or (
+        len(text) > 1 and text[1] == ":"
+    ):
+        raise error(
+            f"{source}: {what} {name!r} is not a name inside its folder (expected a relative path with no '..' "
+            "part, not absolute, not empty)"
+        )
+    return text
 
 
 def gunzip_limited(path: str | os.PathLike, raw: bytes, error: type[Exception] = InputLimitError) -> bytes:

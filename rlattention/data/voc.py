@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
-from rlattention.data.limits import check_side
+from rlattention.data.limits import check_name_inside, check_side
 from rlattention.data.photos import holdout_split, load_resized_images
 from rlattention.data.registry import register_dataset
 
@@ -154,7 +154,7 @@ def read_image_set(voc_dir: str | os.PathLike, split: str) -> list[str]:
             continue
         if len(fields) != 1:
             raise VocFormatError(f"{path}:{lineno}: expected one image id per line, found {line.strip()!r}")
-        ids.append(fields[0])
+        ids.append(check_name_inside(f"{path}:{lineno}", "image id", fields[0], VocFormatError))
     if not ids:
         raise VocFormatError(f"{path}: no image ids (expected one image id per line)")
     return ids

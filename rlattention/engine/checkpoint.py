@@ -113,10 +113,18 @@ def _names(keys: list[str], count: int = 3) -> str:
 
 def load_model_state(model: torch.nn.Module, state: dict, source: Any) -> None:
     """Load the weights ``state`` into ``model``, all of them or none: a one-line :class:`CheckpointError` naming
-    the missing, unexpected and shape-mismatched keys (the first few of each, with counts) when they do not fit.
+    the missing, unexpected and shape-mismatched keys (the first few of each, with counts) when they do not fit,
+    or the tensors holding NaN or infinite values (checked first: the model is then left as it was).
     The model's own load hooks apply (e.g. an optional ``_extra_state`` is not reported missing)."""
     if not isinstance(state, dict):
         raise CheckpointError(f"{source}: the checkpoint's 'model' entry is not a state dict")
+    bad = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+           and not bool(torch.isfinite(v).all())]  # fmt: skip
+    if bad:  # weights a diverged run left: every output of the model would be NaN
+        raise CheckpointError(
+            f"{source}: {len(bad)} weight tensor(s) hold NaN or infinite values ({_names(bad)}); "
+            "these weights come from a run that diverged and can be neither evaluated nor continued"
+        )
     expected = model.state_dict()
     shapes = [
         f"{k} (checkpoint {list(v.shape)}, model {list(expected[k].shape)})"

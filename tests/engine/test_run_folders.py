@@ -326,3 +326,19 @@ def test_resume_needs_no_data_dir(tmp_path, monkeypatch, capsys):
     ckpt = load_checkpoint_file(run)
     assert ckpt["progress"]["step"] == 4 and ckpt["config"]["data"]["data_dir"] == str(moved)
     assert snapshot(data) == before
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_of_a_diverged_run_are_never_evaluated_or_resumed(tmp_path, base_run, capsys, value):
+    """A checkpoint holding a NaN or infinite weight: ``eval`` and ``--resume`` give one line naming the file and
+    the tensor, instead of metrics computed from NaN outputs; nothing in the run folder changes."""
+    run = _copy(base_run, tmp_path)
+    last = run / "checkpoints" / "last.ckpt"
+    key = next(k for k, v in load_checkpoint_file(last)["model"].items() if v.is_floating_point() and v.numel() > 1)
+    _edit_checkpoint(last, lambda m: m[key].view(-1).__setitem__(1, value))
+    before = {k: v for k, v in snapshot(run).items() if k != ".lock"}
+    assert main(["eval", str(last)]) == 2
+    _one_line_error(capsys, str(last), "NaN or infinite", key, "diverged")
+    assert main(["fit", "--resume", str(run), "trainer.max_steps=4"]) == 2
+    _one_line_error(capsys, str(last), "NaN or infinite", key)
+    assert {k: v for k, v in snapshot(run).items() if k != ".lock"} == before
