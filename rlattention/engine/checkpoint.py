@@ -83,10 +83,11 @@ def load_checkpoint_file(path: str | os.PathLike, map_location: Any = "cpu") -> 
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated zip, foreign pickle, wrong format...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except Exception as e:  # truncated zip, foreign pickle, wrong format...: never retried without weights_only
+        from rlattention.vision.backbones import load_error_reason
+
         raise CheckpointError(
-            f"{path}: not a loadable rlattention checkpoint (read with weights_only=True): {first}"
+            f"{path}: not a loadable rlattention checkpoint (read with weights_only=True): {load_error_reason(e)}"
         ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise CheckpointError(f"{path}: expected a dict with 'model' and 'config' entries")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ def load_matching_weights(module: nn.Module, path: str | os.PathLike, what: str)
         try:
             state = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # not a torch file, or one that needs pickled code
-            raise ValueError(f"{p}: not a weights-only torch file ({type(e).__name__}: {e})") from e
+            raise ValueError(f"{p}: not a weights-only torch file: {load_error_reason(e)}") from None
         state = state.get("state_dict", state) if isinstance(state, dict) else state
         if not isinstance(state, dict):
             raise ValueError(f"{p}: expected a dict of tensors, got {type(state).__name__}")
@@ -281,6 +282,29 @@ def load_pretrained(model: nn.Module, name: str) -> None:
     load_state_file(model, weight_file_of(name), name)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_UNSUPPORTED = (  # torch's wordings of the object or pickle opcode its weights-only unpickler refused
+    (re.compile(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.<>]+)"), "{}"),
+    (re.compile(r"Unsupported operand (\S+)"), "pickle opcode {}"),
+)
+
+
+def load_error_reason(exc: BaseException) -> str:
+    """One line saying why ``torch.load(..., weights_only=True)`` refused a file, without torch's advice to retry
+    with ``weights_only=False`` (which would run the file's pickled code): for a file that holds Python objects,
+    the first object that is not a tensor or plain container; otherwise the first line of the error."""
+    text = _ANSI.sub("", str(exc)).strip()
+    if "Weights only load failed" in text:
+        found = [(m, form) for pattern, form in _UNSUPPORTED if (m := pattern.search(text))]
+        what = f" (first refused: {found[0][1].format(found[0][0].group(1))})" if found else ""
+        return (
+            f"it holds pickled content other than tensors and plain containers{what}; refused, since unpickling it "
+            "could run code (save plain state dicts of tensors, or safetensors)"
+        )
+    first = text.splitlines()[0].strip() if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def read_state_file(path: str | os.PathLike) -> dict[str, Tensor]:
     """A state dict from a ``.safetensors`` file or a torch file read with ``weights_only=True`` (no pickled code
     runs). A damaged file or one that is not a dict of tensors is a ``ValueError`` naming the file."""
@@ -299,7 +323,7 @@ def read_state_file(path: str | os.PathLike) -> dict[str, Tensor]:
         try:
             state = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e:  # a damaged file, or one that needs pickled code: never retry without weights_only
-            raise ValueError(f"{p}: not a readable weights-only torch file ({type(e).__name__})") from None
+            raise ValueError(f"{p}: not a readable weights-only torch file: {load_error_reason(e)}") from None
         if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
             state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
