@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
     from rlattention.engine.checkpoint import CheckpointError
     from rlattention.engine.config import ConfigError
-    from rlattention.engine.trainer import TrainingDiverged, leave_process_group
+    from rlattention.engine.trainer import TrainingDiverged, TrainingInterrupted, leave_process_group
 
     handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench, "backbones": _backbones}
     try:
@@ -382,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as e:  # a non-finite loss: the message names the step and the term
         print(f"rlattention {args.command}: stopped: {e}", file=sys.stderr)
         return 3
+    except TrainingInterrupted as e:  # SIGTERM, SIGHUP, SIGINT: last.ckpt saved; the message names how to continue
+        from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+        if rank_zero_only.rank == 0:  # every rank stopped at the same step: one line
+            print(f"rlattention {args.command}: {e}", file=sys.stderr)
+        leave_process_group(exit_code=e.exit_code)  # several processes: every rank ends here, in order
+        return e.exit_code  # 128 + the signal's number, as a shell reports a process ended by it
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ import csv
 import json
 import math
 import os
+import shlex
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable
@@ -57,6 +60,91 @@ from rlattention.engine.rundir import (
 
 class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops, the last good checkpoint is kept."""
+
+
+#: the signals that stop a run cleanly (:class:`TrainingInterrupted`): the first one received ends training at the
+#: next step boundary, with a resumable ``checkpoints/last.ckpt``
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT")
+
+
+class TrainingInterrupted(BaseException):
+    """SIGTERM, SIGHUP or SIGINT while :func:`fit` trained: training stopped at a step boundary and
+    ``checkpoint`` (the run's ``checkpoints/last.ckpt``) holds the run at ``step``; ``rlattention fit --resume
+    run_dir`` continues it exactly. A ``BaseException``, as ``KeyboardInterrupt`` is, so that an ``except
+    Exception`` meant for failed runs does not swallow a request to stop. ``exit_code``: 128 + the signal's
+    number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP)."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str | Path, run_dir: str | Path) -> None:
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.step, self.checkpoint, self.run_dir = int(step), Path(checkpoint), Path(run_dir)
+        super().__init__(
+            f"interrupted by {self.signal_name} at step {self.step}; resumable checkpoint {self.checkpoint}; "
+            f"continue with: rlattention fit --resume {shlex.quote(str(self.run_dir))}"
+        )
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class _StopSignals:
+    """While the training loop runs: handlers for :data:`STOP_SIGNALS` that only record the first signal received
+    (:attr:`signum`); the loop reads it at each step boundary. Installed from the main thread only (elsewhere
+    ``signal.signal`` cannot be called: nothing is installed), never over a signal that is ignored (a run under
+    ``nohup`` keeps ignoring SIGHUP) or whose handler was not set from Python (it could not be put back); the
+    previous handlers are put back by :meth:`restore` (idempotent). A second signal is recorded nowhere: it cannot
+    interrupt the checkpoint being saved (SIGKILL still ends the process at once; the atomic write then keeps the
+    previous checkpoint)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _record(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name, None)  # no SIGHUP on Windows
+            if sig is None:
+                continue
+            previous = signal.getsignal(sig)
+            if previous is None or previous == signal.SIG_IGN:
+                continue
+            try:
+                signal.signal(sig, self._record)
+            except (ValueError, OSError):  # not the main interpreter, ...
+                continue
+            self._previous[sig] = previous
+
+    def restore(self) -> None:
+        while self._previous:
+            sig, previous = self._previous.popitem()
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, previous)
+
+
+def _agreed_signal(fabric: Fabric, stop: _StopSignals) -> int:
+    """The signal the run stops for at this step boundary, 0 for none: the one this process received; with several
+    processes the largest number any rank received, so that every rank stops at the same step (a collective:
+    every rank calls it at every boundary; none with one process)."""
+    mine = stop.signum or 0
+    if fabric.world_size == 1:
+        return mine
+    agreed = fabric.all_reduce(torch.tensor([mine], dtype=torch.int64, device=fabric.device), reduce_op="max")
+    return int(agreed.item())
+
+
+def _interrupted(fabric: Fabric, signum: int, step: int, run_dir: Path) -> TrainingInterrupted:
+    """The loggers flushed and closed (metrics.csv then holds every row up to ``step``, as a resume expects), and
+    the exception to raise; ``checkpoints/last.ckpt`` already holds ``step``."""
+    for logger in fabric.loggers:
+        logger.finalize("interrupted")
+    return TrainingInterrupted(signum, step, run_dir / "checkpoints" / "last.ckpt", run_dir)
 
 
 @dataclass
@@ -526,7 +614,14 @@ def fit(
 
     A new run gets a folder of its own (``out_dir/run_name``, else ``run_name-v2``, ``-v3``...: a used folder is
     never written into; ``trainer.overwrite`` renames it aside first); ``resume``: a run folder or a checkpoint
-    inside one, continued in that folder. The run folder is locked (``.lock``) while the run trains."""
+    inside one, continued in that folder. The run folder is locked (``.lock``) while the run trains.
+
+    SIGTERM, SIGHUP or SIGINT (Ctrl-C) during training stops the run at the next step boundary (every process of a
+    multi-process run at the same step): ``checkpoints/last.ckpt`` is saved as the periodic save writes it, the
+    loggers are flushed, the lock released, the previous signal handlers restored, and :class:`TrainingInterrupted`
+    (naming the signal, the step and the checkpoint) is raised; ``resume`` then continues exactly as an
+    uninterrupted run would. Further signals while it saves are ignored (the checkpoint is never cut short). A
+    signal that is ignored (``nohup``) stays ignored; outside the main thread no handler is installed."""
     tc = cfg.trainer
     if tc.num_threads > 0:
         torch.set_num_threads(tc.num_threads)
@@ -577,9 +672,11 @@ def fit(
     if failure is not None:
         raise failure
     fabric.barrier()
+    stop = _StopSignals()
     try:
-        return _train(cfg, fabric, run_dir, resume_path, splits, data_dir)
+        return _train(cfg, fabric, run_dir, resume_path, splits, data_dir, stop)
     finally:
+        stop.restore()  # the handlers the process had before (also after an error)
         if lock is not None:
             lock.release()
 
@@ -591,8 +688,10 @@ def _train(
     resume_path: Path | None,
     splits: DataSplits | None,
     data_dir: str | None,
+    stop: _StopSignals,
 ) -> dict[str, Any]:
-    """The body of :func:`fit` once the run folder is chosen, locked and holds ``config.yaml``."""
+    """The body of :func:`fit` once the run folder is chosen, locked and holds ``config.yaml``; ``stop``: the
+    signal handlers installed for the training loop (the caller restores them)."""
     tc = cfg.trainer
     fabric.seed_everything(tc.seed, verbose=False)  # same initial weights on every rank
     if splits is None:
@@ -698,6 +797,7 @@ def _train(
     t_start = time.perf_counter() - progress.wall_time
     val_metrics: dict[str, float] = {}
     epoch_seconds: list[float] = []  # training time of each epoch of this process (validation excluded)
+    stop.install()  # SIGTERM, SIGHUP, SIGINT: recorded, acted on at the next step boundary (fit restores them)
     while not done and progress.epoch < max_epochs:
         epoch = progress.epoch
         t_epoch = time.perf_counter()
@@ -753,6 +853,13 @@ def _train(
             if progress.step >= total_steps:
                 done = True
                 break
+            signum = _agreed_signal(fabric, stop)
+            if signum:  # a stop signal: `last` at this step (unless just saved), then out
+                bar.close()
+                if not (tc.checkpoint_every > 0 and progress.step % tc.checkpoint_every == 0):
+                    progress.wall_time = time.perf_counter() - t_start
+                    save("last")
+                raise _interrupted(fabric, signum, progress.step, run_dir)
         bar.close()
         epoch_seconds.append(round(time.perf_counter() - t_epoch, 3))
         epoch_finished = progress.epoch_step >= steps_per_epoch
@@ -774,6 +881,10 @@ def _train(
                     f"at epoch {progress.best_epoch}), {progress.wall_time:.0f}s"
                 )
         save("last")
+        signum = _agreed_signal(fabric, stop)
+        if signum:  # received during the run's last step or a validation: `last` was just saved
+            raise _interrupted(fabric, signum, progress.step, run_dir)
+    stop.restore()  # the final evaluation and report: signals act as they did before the loop
 
     # DDP averages the gradients, so every rank must end with the same weights; check before they are replaced.
     in_sync = check_params_in_sync(fabric, model)
