@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 EPILOG = """examples:
@@ -157,8 +160,8 @@ def _fit(args) -> int:
             raise SystemExit("rlattention fit: --resume uses the checkpoint's own config; do not pass --config")
         if args.overwrite:
             raise SystemExit("rlattention fit: --overwrite starts a new run; it cannot be combined with --resume")
-        from rlattention.engine.rundir import resolve_resume
         from rlattention.engine.checkpoint import load_checkpoint_file
+        from rlattention.engine.rundir import resolve_resume
 
         fixed = [
             o
@@ -356,7 +359,44 @@ def _bench(args) -> int:
     return 0
 
 
+class _StopOutsideTraining(BaseException):
+    """SIGTERM or SIGHUP while no training loop runs (data building, evaluation, figures): ends the command with
+    one line. (While ``fit`` trains, its own handlers take these signals and save a resumable checkpoint.)"""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame) -> None:
+    raise _StopOutsideTraining(signum)
+
+
+@contextlib.contextmanager
+def _stop_signals_end_cleanly():
+    """SIGTERM and SIGHUP raise :class:`_StopOutsideTraining` instead of killing the process (SIGINT already raises
+    ``KeyboardInterrupt``): from the main thread only, never over an ignored signal (``nohup``) or a handler not set
+    from Python; the previous handlers are put back on exit."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            handler = signal.getsignal(sig)
+            if handler == signal.SIG_DFL:
+                previous[sig] = handler
+                signal.signal(sig, _raise_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with _stop_signals_end_cleanly():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     # key=value overrides may follow options (argparse stops filling a positional list at the first option)
@@ -389,6 +429,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlattention {args.command}: {e}", file=sys.stderr)
         leave_process_group(exit_code=e.exit_code)  # several processes: every rank ends here, in order
         return e.exit_code  # 128 + the signal's number, as a shell reports a process ended by it
+    except (_StopOutsideTraining, KeyboardInterrupt) as e:  # outside a training loop: nothing half-written to keep
+        signum = e.signum if isinstance(e, _StopOutsideTraining) else int(signal.SIGINT)
+        resume = "; a run with checkpoints/last.ckpt continues with: rlattention fit --resume RUN"
+        hint = resume if args.command == "fit" else ""
+        print(
+            f"rlattention {args.command}: interrupted by {signal.Signals(signum).name} outside the training loop "
+            f"(no checkpoint written by this stop){hint}",
+            file=sys.stderr,
+        )
+        return 128 + signum
 
 
 if __name__ == "__main__":

@@ -158,8 +158,13 @@ def check_name_inside(source: str, what: str, name: Any, error: type[Exception] 
     built from a dataset's own files can then never read (or, in a cache, write) outside the dataset folder."""
     text = name if isinstance(name, str) else None
     parts = PurePosixPath(text.replace("\\", "/")).parts if text else ()
-    if text is None or not text.strip() or "\0" in text or ".." in parts or text.startswith(("/", "\\")) or (
-        len(text) > 1 and text[1] == ":"
+    if (
+        text is None
+        or not text.strip()
+        or "\0" in text
+        or ".." in parts
+        or text.startswith(("/", "\\"))
+        or (len(text) > 1 and text[1] == ":")
     ):
         raise error(
             f"{source}: {what} {name!r} is not a name inside its folder (expected a relative path with no '..' "

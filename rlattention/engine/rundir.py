@@ -52,8 +52,7 @@ def check_run_name(name: str, key: str = "trainer.run_name") -> str:
     )
     if bad:
         raise ConfigError(
-            f"{key} must be a single folder name (no '/', '\\' or '..', not empty, not starting with '.'), "
-            f"got {name!r}"
+            f"{key} must be a single folder name (no '/', '\\' or '..', not empty, not starting with '.'), got {name!r}"
         )
     return name
 

@@ -36,7 +36,6 @@ from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.registry import build_dataset, resolve_data_dir
 from rlattention.engine.checkpoint import (
     AtomicCheckpointIO,
-    CheckpointError,
     check_resumable,
     load_checkpoint_file,
     load_model_state,

@@ -355,3 +355,53 @@ def test_sigterm_to_rank_0_of_a_2_process_run_stops_both_at_one_step(tmp_path):
     weights = load_checkpoint_file(last)["model"]
     for k, v in weights.items():
         assert torch.equal(v, ref_weights[k]), k
+
+
+# A child `rlattention fit` that sends itself SIG while the dataset is being built, before any training loop runs.
+_SIGNAL_WHILE_BUILDING = """
+import os, signal, sys
+import rlattention.engine.trainer as trainer
+from rlattention.cli import main
+
+SIG = signal.Signals[sys.argv[1]]
+real_build = trainer.build_dataset
+def build(*args, **kwargs):
+    os.kill(os.getpid(), SIG)
+    return real_build(*args, **kwargs)
+trainer.build_dataset = build
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("name", STOPS)
+def test_a_signal_before_training_ends_the_command_with_one_line(tmp_path, name):
+    """SIGTERM, SIGHUP or SIGINT while the data are built (no training loop yet): one line saying so, no traceback,
+    exit 128 + the signal's number; the run folder holds only what it held then and is unlocked; a run beside it
+    is untouched."""
+    out = tmp_path / "runs"
+    other = _neighbour(out)
+    before = snapshot(other)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SIGNAL_WHILE_BUILDING,
+            name,
+            "fit",
+            *SHORT,
+            f"trainer.out_dir={out}",
+            "trainer.run_name=run",
+        ],  # fmt: skip
+        cwd=tmp_path,
+        env=test_crash_safety._env(),
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    signum = int(signal.Signals[name])
+    assert proc.returncode == 128 + signum, proc.stderr.decode()
+    line = _one_line(proc.stderr)
+    assert line.startswith(f"rlattention fit: interrupted by {name} outside the training loop"), line
+    run = out / "run"
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "config.yaml"]  # nothing trained, nothing saved
+    lock_run_dir(run, record_pid=False).release()
+    assert snapshot(other) == before
