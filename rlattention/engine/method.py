@@ -67,11 +67,42 @@ class AttentionMethod(nn.Module):
         moved or been overwritten."""
         return cls.from_config(cfg, info)
 
+    @classmethod
+    def data_info_from_state(cls, info: DataInfo, state: dict[str, Any]) -> DataInfo:
+        """The :class:`DataInfo` to rebuild a checkpoint's model with when the checkpoint records only the image
+        shape and the class count (``info``, with an empty ``meta``) and no data is at hand
+        (:func:`rlattention.load_model`). The default is ``info``; a method whose construction reads
+        ``DataInfo.meta`` fills what it needs from the weights ``state`` (e.g. dcpg's vocabulary size)."""
+        return info
+
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:  # pragma: no cover - interface
         raise NotImplementedError(f"{type(self).__name__} must implement forward (the training step)")
 
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement predict")  # pragma: no cover
+
+    def predict_with_attention(
+        self, images: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``(scores, attention)``: what :meth:`predict` returns with mean actions (``mc_samples=0``) and the
+        attention that produced those scores, from the same forward pass (read by :func:`rlattention.predict`).
+        The default has no attention (``{}``); a method with attention overrides it and documents its keys."""
+        return self.predict(images, generator=generator), {}
+
+    def predict_images(self, images: Any, seed: int | None = None) -> Any:
+        """:func:`rlattention.predict` of this model: uint8 ``(H, W[, C])`` arrays or float tensors in [0, 1] ->
+        a :class:`rlattention.api.Prediction` (scores, labels, attention). Not named ``predict``: the engine calls
+        :meth:`predict` with model-ready float batches."""
+        from rlattention.api import predict
+
+        return predict(self, images, seed=seed)
+
+    def save_pretrained(self, folder: str | Path, overwrite: bool = False) -> Path:
+        """:func:`rlattention.save_pretrained` of this model: ``folder/config.yaml`` and ``folder/model.safetensors``,
+        which :func:`rlattention.load_model` reads back."""
+        from rlattention.api import save_pretrained
+
+        return save_pretrained(self, folder, overwrite=overwrite)
 
     def predict_batch(
         self, images: Tensor, targets: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None

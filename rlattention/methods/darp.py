@@ -1040,21 +1040,42 @@ class DARP(SketchRetrievalMethod):
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
         """Sketch embedding after each completion step with the mean locations of the heads' ensemble (or the
         average over ``mc_samples`` sampled episodes), and the phase-1 photo embedding."""
+        if mc_samples <= 0:
+            return self.predict_with_attention(images, generator)[0]
         sketches, photos = split_layout(images)
-        G = self.cfg.glimpses_per_step
-
-        def last(ep: dict) -> Tensor:  # the embedding at the last glimpse of each partial, (B, S, D)
-            return ep["per_item"](ep["embedding"])[:, G - 1 :: G]
-
-        heads_matter = self.cfg.locator not in ("raster", "random")
-        if mc_samples <= 0 and heads_matter and self.cfg.eval_head < 0 and self.cfg.eval_ensemble == "embeddings":
-            heads = range(self.cfg.num_heads)
-            a = sum(last(self.episodes(sketches, True, head=k)) for k in heads) / len(heads)
-        elif mc_samples <= 0:
-            a = last(self.episodes(sketches, deterministic=True))
-        else:
-            a = sum(last(self.episodes(sketches, False, generator)) for _ in range(mc_samples)) / mc_samples
+        a = sum(self._last(self.episodes(sketches, False, generator)) for _ in range(mc_samples)) / mc_samples
         return self.pack(a, self.phase1.net.photo_net(photos))
+
+    def _last(self, ep: dict) -> Tensor:
+        """The embedding at the last glimpse of each partial, ``(B, S, D)``."""
+        G = self.cfg.glimpses_per_step
+        return ep["per_item"](ep["embedding"])[:, G - 1 :: G]
+
+    @torch.no_grad()
+    def predict_with_attention(
+        self, images: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`predict` with mean locations and ``{"locations": (B, S, G, 2)}``: the centre of each of the G
+        glimpses taken of each of the S partial renders (x, y in [-1, 1], (-1, -1) the top-left corner). With
+        ``eval_ensemble: embeddings`` every head runs its own episode and the embeddings are averaged: then
+        ``(B, K, S, G, 2)``, head k's glimpses. ``generator`` is not used: evaluation episodes are deterministic
+        (the ``random`` locator draws from a fixed seed)."""
+        sketches, photos = split_layout(images)
+        cfg = self.cfg
+        B, S, G = sketches.shape[0], self.steps, cfg.glimpses_per_step
+
+        def where(ep: dict) -> Tensor:  # (B, S, G, 2)
+            return ep["per_item"](ep["locations"]).reshape(B, S, G, 2)
+
+        heads_matter = cfg.locator not in ("raster", "random")
+        if heads_matter and cfg.eval_head < 0 and cfg.eval_ensemble == "embeddings":
+            eps = [self.episodes(sketches, True, head=k) for k in range(cfg.num_heads)]
+            a = sum(self._last(ep) for ep in eps) / len(eps)
+            locations = torch.stack([where(ep) for ep in eps], 1)
+        else:
+            ep = self.episodes(sketches, deterministic=True)
+            a, locations = self._last(ep), where(ep)
+        return self.pack(a, self.phase1.net.photo_net(photos)), {"locations": locations}
 
     @torch.no_grad()
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):

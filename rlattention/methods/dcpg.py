@@ -351,7 +351,16 @@ class DCPG(AttentionMethod):
         if "attention_scheme" not in state:
             cfg = dataclasses.replace(cfg, bin_map="logistic", fixed_attention=1.0 / cfg.lam)
             state["attention_scheme"] = torch.tensor(1)
-        return cls(cfg, info)
+        return cls(dataclasses.replace(cfg, glove=None), info)  # the checkpoint holds every weight
+
+    @classmethod
+    def data_info_from_state(cls, info: DataInfo, state: dict) -> DataInfo:
+        """``meta["vocab_size"]`` from the word embedding of the weights ``state`` (the vocabulary's words are not
+        in a checkpoint: figures then show ``#id``)."""
+        weight = state.get("word_embedding.weight")
+        if "vocab_size" in info.meta or not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+            return info
+        return dataclasses.replace(info, meta={**info.meta, "vocab_size": int(weight.shape[0])})
 
     def _load_glove(self, path: str, info: DataInfo) -> None:
         from rlattention.data.text import Vocabulary, load_glove

@@ -224,11 +224,22 @@ class RAM(AttentionMethod):
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
         """Class probabilities ``(B, K)``: mean locations, or the average over ``mc_samples`` sampled episodes."""
         if mc_samples <= 0:
-            return self.episode(images, deterministic=True, generator=generator).logits.softmax(-1)
+            return self.predict_with_attention(images, generator)[0]
         probs = 0.0
         for _ in range(mc_samples):
             probs = probs + self.episode(images, deterministic=False, generator=generator).logits.softmax(-1)
         return probs / mc_samples
+
+    @torch.no_grad()
+    def predict_with_attention(
+        self, images: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Class probabilities ``(B, K)`` with mean locations (:meth:`predict`) and ``{"locations": (B, T, 2)}``:
+        L_0 .. L_{T-1}, the centre of every glimpse the sensor read, (x, y) in [-1, 1] with (-1, -1) the top-left
+        corner of the image and (1, 1) the bottom-right (:mod:`rlattention.vision.glimpse`). L_0 is drawn from
+        ``generator`` (``init_location: random``) or is the centre."""
+        ep = self.episode(images, deterministic=True, generator=generator)
+        return ep.logits.softmax(-1), {"locations": ep.locations}
 
     def attack_logits(self, images: Tensor, seed: int = 0) -> Tensor:
         """Deterministic logits with gradients through the mean locations (L_0 drawn from ``seed``)."""

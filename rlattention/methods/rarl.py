@@ -415,13 +415,36 @@ class RARL(AttentionMethod):
         """Label probabilities ``(B, K)``: mean locations (or the average of ``mc_samples`` sampled episodes), one
         view or the average of ten views cropped from the feature maps of the full image; one backbone pass either
         way (the episodes share it)."""
+        return self._predict(images, mc_samples, generator)[0]
+
+    @torch.no_grad()
+    def predict_with_attention(
+        self, images: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`predict` with mean locations and the regions its episode attended, in the input image's frame
+        (x, y in [-1, 1], (-1, -1) the top-left corner): ``locations`` ``(B, T, 2)``, the centres l_1..l_T, and
+        ``boxes`` ``(B, T, k, 4)``, the k anchor regions (x0, y0, x1, y1) of every step, whose scores are fused by
+        the category-wise max (R_0, the whole image, comes first in every episode and is not listed). Ten-view
+        testing: ``(B, 10, T, 2)`` and ``(B, 10, T, k, 4)``, view v's episode mapped from its crop to the image
+        (views 5-9 are the mirror images of views 0-4: their x is mirrored back), and ``views`` ``(10, 4)``, the
+        views' boxes. ``mode: global`` has no attention: ``{}``."""
+        return self._predict(images, 0, generator)
+
+    def _predict(
+        self, images: Tensor, mc_samples: int, generator: torch.Generator | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`predict`'s probabilities and the regions of its last episode (see :meth:`predict_with_attention`)."""
         runs = max(1, mc_samples)
         if self.cfg.test_views == 1:
             fmap = self.backbone.feature_map(images)
             if self.cfg.mode == "global":  # deterministic: every episode would give the same scores
-                return self._probs(self.head(fmap.mean(dim=(-2, -1))).float())
+                return self._probs(self.head(fmap.mean(dim=(-2, -1))).float()), {}
             hw = tuple(images.shape[-2:])
-            return sum(self._probs(self.episode(fmap, hw, mc_samples <= 0, generator)[0]) for _ in range(runs)) / runs
+            probs = 0
+            for _ in range(runs):
+                a, _, _, locs = self.episode(fmap, hw, mc_samples <= 0, generator)
+                probs = probs + self._probs(a)
+            return probs / runs, {"locations": locs, "boxes": self._anchor_regions(locs, hw)}
         B = images.shape[0]
         if images.shape[-2] != images.shape[-1]:
             raise ValueError(f"ten-view evaluation needs square images, got {tuple(images.shape[-2:])}")
@@ -435,13 +458,34 @@ class RARL(AttentionMethod):
         views = [crop_boxes(f, boxes.expand(B, 5, 4), (vh, vw), mode="bilinear") for f in maps]
         views = torch.cat(views, 1).flatten(0, 1)  # (B * 10, C, vh, vw)
         probs = 0.0
+        locs = None
         for _ in range(runs):
             if self.cfg.mode == "global":
                 a = self.head(views.mean(dim=(-2, -1))).float()
             else:
-                a = self.episode(views, (crop, crop), mc_samples <= 0, generator)[0]
+                a, _, _, locs = self.episode(views, (crop, crop), mc_samples <= 0, generator)
             probs = probs + self._probs(a).reshape(B, 10, -1).mean(1)
-        return probs / runs
+        if locs is None:
+            return probs / runs, {}
+        regions = self._anchor_regions(locs, (crop, crop))  # (B * 10, T, k, 4) in each view's frame
+        view_boxes = torch.cat((boxes, boxes))  # (10, 4): views 5-9 cropped from the mirror image
+        mirrored = torch.arange(10, device=boxes.device).repeat(B) >= 5  # (B * 10,)
+        locs, regions = (_view_to_image(x, view_boxes.repeat(B, 1), mirrored) for x in (locs, regions))
+        lo, hi = regions[..., :2], regions[..., 2:]
+        regions = torch.cat((lo.minimum(hi), lo.maximum(hi)), -1)  # a mirrored box has x0 > x1 until reordered
+        T, k = locs.shape[1], regions.shape[2]
+        attention = {
+            "locations": locs.reshape(B, 10, T, 2),
+            "boxes": regions.reshape(B, 10, T, k, 4),
+            "views": torch.cat((boxes, _mirror_boxes(boxes))),
+        }
+        return probs / runs, attention
+
+    def _anchor_regions(self, locs: Tensor, hw: tuple[int, int]) -> Tensor:
+        """The anchor boxes ``(B, T, k, 4)`` around the centres ``locs`` ``(B, T, 2)`` of an ``hw`` input."""
+        B, T = locs.shape[:2]
+        boxes = anchor_boxes(locs.reshape(B * T, 2), self.cfg.anchor_areas, self.cfg.anchor_ratios, hw)
+        return boxes.reshape(B, T, *boxes.shape[1:])
 
     def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
         return multilabel_metrics(scores, targets)
@@ -478,3 +522,22 @@ class RARL(AttentionMethod):
             path = Path(out_dir) / "regions_steps.png"
             paths.insert(0, plot_region_steps(images, locs, boxes, titles, path, colours, head))
         return paths
+
+
+def _view_to_image(points: Tensor, views: Tensor, mirrored: Tensor) -> Tensor:
+    """Coordinates in [-1, 1] of a view's own frame -> the image's: ``points`` ``(V, ..., 2n)`` (x, y pairs),
+    ``views`` ``(V, 4)`` the view boxes (x0, y0, x1, y1) in the image (or in the mirror image where ``mirrored``
+    ``(V,)``, whose x is then mirrored back, x -> -x)."""
+    shape = points.shape
+    p = points.reshape(shape[0], -1, 2)
+    lo, hi = views[:, None, :2], views[:, None, 2:]
+    p = lo + (p + 1.0) * 0.5 * (hi - lo)
+    p = torch.where(mirrored[:, None, None], p * p.new_tensor([-1.0, 1.0]), p)
+    return p.reshape(shape)
+
+
+def _mirror_boxes(boxes: Tensor) -> Tensor:
+    """Boxes ``(..., 4)`` of the mirror image -> the same regions in the image: (x0, y0, x1, y1) -> (-x1, y0, -x0,
+    y1)."""
+    x0, y0, x1, y1 = boxes.unbind(-1)
+    return torch.stack((-x1, y0, -x0, y1), -1)

@@ -213,6 +213,19 @@ class Critic(nn.Module):
         return out(h).squeeze(-1) + (h * self.label_out(labels)).sum(-1)
 
 
+def _image_maps(records: list, images: Tensor) -> Tensor:
+    """The attention of the records ``(X, A, spatial)`` of :meth:`SCAL.feature_map`: each ``A`` averaged over
+    channels and resized (bilinear) to the image, ``(B, M, H, W)``."""
+    if not records:
+        return images.new_zeros(len(images), 0, *images.shape[-2:])
+    size = images.shape[-2:]
+    maps = [
+        F.interpolate(a.expand_as(x).mean(1, keepdim=True), size=size, mode="bilinear", align_corners=False)
+        for x, a, _ in records
+    ]
+    return torch.cat(maps, 1)
+
+
 def batch_hard_triplet(emb: Tensor, labels: Tensor, margin: float) -> tuple[Tensor, Tensor]:
     """Batch-hard triplet loss (Hermans et al. 2017) with Euclidean distances: for every anchor, its farthest
     positive and nearest negative in the batch; ``mean(relu(d_ap - d_an + margin))``. Anchors without a
@@ -517,6 +530,16 @@ class SCAL(AttentionMethod):
         f, fb, _ = self.embed(images)
         return fb if self.cfg.eval_feature == "after_bn" else f
 
+    @torch.no_grad()
+    def predict_with_attention(
+        self, images: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`predict`'s embeddings and ``{"maps": (B, M, H, W)}``: the attention ``A`` that each of the M
+        modules (at ``self.positions``) multiplied into the features of that same pass, averaged over channels
+        and resized to the image (:meth:`attention_maps`; values in (0, 1), 1 = the features kept as they were)."""
+        f, fb, records = self.embed(images)
+        return (fb if self.cfg.eval_feature == "after_bn" else f), {"maps": _image_maps(records, images)}
+
     def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
         if targets.ndim != 2 or targets.shape[1] != 3:
             raise ValueError(
@@ -537,15 +560,7 @@ class SCAL(AttentionMethod):
     def attention_maps(self, images: Tensor) -> Tensor:
         """``(B, M, H, W)``: every module's attention averaged over channels, resized to the image."""
         _, records = self.feature_map(images)
-        if not records:
-            return images.new_zeros(len(images), 0, *images.shape[-2:])
-        maps = [
-            F.interpolate(
-                a.expand_as(x).mean(1, keepdim=True), size=images.shape[-2:], mode="bilinear", align_corners=False
-            )
-            for x, a, _ in records
-        ]
-        return torch.cat(maps, 1)
+        return _image_maps(records, images)
 
     def visualize_split(
         self,

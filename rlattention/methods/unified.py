@@ -402,6 +402,8 @@ class Unified(RAM):
     @torch.no_grad()
     def predict(self, images: Tensor, mc_samples: int = 0, generator: torch.Generator | None = None) -> Tensor:
         """Probabilities ``(B, K)`` (one label) or ``(B, J, K)`` (sequences)."""
+        if mc_samples <= 0:
+            return self.predict_with_attention(images, generator)[0]
         runs = max(1, mc_samples)
         probs = 0.0
         for _ in range(runs):
@@ -409,6 +411,24 @@ class Unified(RAM):
             probs = probs + logits.softmax(-1)
         probs = probs / runs
         return probs[:, 0] if self.cfg.glimpses_per_token <= 0 else probs
+
+    @torch.no_grad()
+    def predict_with_attention(
+        self, images: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`predict` with mean locations and the attention of that episode: ``locations`` ``(B, T, 2)`` as
+        :meth:`RAM.predict_with_attention` (x, y in [-1, 1]); with ``top_down`` also ``region`` ``(B, 4)``, the
+        finest pyramid region chosen (x0, y0, x1, y1 in [-1, 1]; L_0 is its centre), ``region_boxes``
+        ``(B, L, A, 4)``, the candidate sub-regions of every level, and ``region_choices`` ``(B, L)``, the one the
+        Q-network chose at each level (greedy)."""
+        ep, logits, td = self.run(images, deterministic=True, generator=generator)
+        probs = logits.softmax(-1)
+        attention = {"locations": ep.locations}
+        if td is not None:
+            attention["region"] = td.region
+            attention["region_boxes"] = torch.stack(td.boxes, 1)
+            attention["region_choices"] = torch.stack(td.actions, 1)
+        return (probs[:, 0] if self.cfg.glimpses_per_token <= 0 else probs), attention
 
     def attack_logits(self, images: Tensor, seed: int = 0) -> Tensor:
         """Differentiable deterministic forward for gradient attacks: mean locations carry the gradient."""
