@@ -246,29 +246,36 @@ def _eval_config(config: dict, data: str | None, overrides: list[str], source: s
 def _evaluate_on_data(args, attack: dict | None) -> dict:
     """``evaluate_checkpoint`` with the checkpoint's data settings replaced (``--data``, ``data.*`` overrides)."""
     import torch
-    from lightning.fabric import Fabric
 
     from rlattention.engine.checkpoint import load_checkpoint_file
     from rlattention.engine.config import from_dict
-    from rlattention.engine.trainer import _build_for_eval, _resolve_checkpoint, evaluate, evaluate_under_attack
+    from rlattention.engine.trainer import (
+        _build_for_eval,
+        _collectives_fail_clearly,
+        _eval_fabric,
+        _resolve_checkpoint,
+        evaluate,
+        evaluate_under_attack,
+    )
 
     ckpt = load_checkpoint_file(_resolve_checkpoint(args.checkpoint))
     source = f"{args.checkpoint} (config with --data/overrides)"
     ckpt["config"] = _eval_config(ckpt["config"], args.data, args.overrides, source)
-    precision = from_dict(ckpt["config"], source=source).trainer.precision
-    strategy = "ddp" if args.devices > 1 and args.strategy == "auto" else args.strategy
-    fabric = Fabric(accelerator=args.accelerator, devices=args.devices, strategy=strategy, precision=precision)
-    fabric.launch()
-    cfg, model, splits = _build_for_eval(ckpt, args.checkpoint, args.data_dir, fabric)
-    dataset = getattr(splits, args.split)
-    if len(dataset) == 0:
-        raise ValueError(f"the {args.split} split of {cfg.data.name} is empty with these data settings")
-    if args.limit > 0:
-        dataset = dataset.subset(torch.arange(min(args.limit, len(dataset))))
-    model = fabric.setup_module(model)
-    if attack:
-        return evaluate_under_attack(fabric, model, dataset, args.batch_size, seed=args.seed, progress=True, **attack)
-    return evaluate(fabric, model, dataset, args.batch_size, args.mc_samples, args.seed, progress=True)
+    cfg = from_dict(ckpt["config"], source=source)
+    fabric = _eval_fabric(cfg, args.accelerator, args.devices, args.strategy)
+    with _collectives_fail_clearly(fabric, cfg.trainer.collective_timeout_minutes):
+        cfg, model, splits = _build_for_eval(ckpt, args.checkpoint, args.data_dir, fabric)
+        dataset = getattr(splits, args.split)
+        if len(dataset) == 0:
+            raise ValueError(f"the {args.split} split of {cfg.data.name} is empty with these data settings")
+        if args.limit > 0:
+            dataset = dataset.subset(torch.arange(min(args.limit, len(dataset))))
+        model = fabric.setup_module(model)
+        if attack:
+            return evaluate_under_attack(
+                fabric, model, dataset, args.batch_size, seed=args.seed, progress=True, **attack
+            )
+        return evaluate(fabric, model, dataset, args.batch_size, args.mc_samples, args.seed, progress=True)
 
 
 def _eval(args) -> int:
@@ -408,7 +415,13 @@ def _main(argv: list[str] | None) -> int:
     from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
     from rlattention.engine.checkpoint import CheckpointError
     from rlattention.engine.config import ConfigError
-    from rlattention.engine.trainer import TrainingDiverged, TrainingInterrupted, leave_process_group
+    from rlattention.engine.trainer import (
+        CollectiveTimeout,
+        TrainingDiverged,
+        TrainingInterrupted,
+        leave_after_collective_failure,
+        leave_process_group,
+    )
 
     handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench, "backbones": _backbones}
     try:
@@ -429,6 +442,10 @@ def _main(argv: list[str] | None) -> int:
             print(f"rlattention {args.command}: {e}", file=sys.stderr)
         leave_process_group(exit_code=e.exit_code)  # several processes: every rank ends here, in order
         return e.exit_code  # 128 + the signal's number, as a shell reports a process ended by it
+    except CollectiveTimeout as e:  # a rank stalled or died: one line from each rank that noticed, naming it
+        print(f"rlattention {args.command}: error: {e}", file=sys.stderr)
+        leave_after_collective_failure(e.exit_code)  # several processes: ends here, without meeting the others
+        return e.exit_code
     except (_StopOutsideTraining, KeyboardInterrupt) as e:  # outside a training loop: nothing half-written to keep
         signum = e.signum if isinstance(e, _StopOutsideTraining) else int(signal.SIGINT)
         resume = "; a run with checkpoints/last.ckpt continues with: rlattention fit --resume RUN"

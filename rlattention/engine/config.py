@@ -74,8 +74,14 @@ class TrainerConfig:
     pk_instances: int = 4  # K of the pk sampler; batch_size must be a multiple of it
     compile: bool = False  # torch.compile the training step (Module.compile; on CPU inductor needs a C++ compiler)
     # several processes (ddp): a collective (gradient all-reduce, barrier, broadcast) that waits longer than this
-    # for a stalled rank fails the run instead of hanging (> 0; Lightning's default, 30 minutes)
-    collective_timeout_minutes: float = 30.0
+    # for a stalled or dead rank fails the run with one line naming this rank (exit code 4) instead of hanging
+    # (> 0, at most a week; Lightning's own default is 30 minutes)
+    collective_timeout_minutes: float = 10.0
+    # several processes: the waits that legitimately outlast a collective, on a gloo group of their own: the others
+    # while rank 0 builds the data and its caches first (a first render or frozen-feature cache can take 30+
+    # minutes), every rank preparing its model before the first training collective, the others while rank 0
+    # writes figures, artifacts and report.json at the end (> 0, at most a week)
+    setup_timeout_minutes: float = 240.0
 
 
 @dataclass
@@ -391,6 +397,7 @@ RANGES: dict[str, Range] = {
     "trainer.checkpoint_every": AT_LEAST_0,
     "trainer.pk_instances": AT_LEAST_1,
     "trainer.collective_timeout_minutes": Range(0, 7 * 24 * 60, lo_open=True),  # at most a week
+    "trainer.setup_timeout_minutes": Range(0, 7 * 24 * 60, lo_open=True),  # at most a week
     "optim.lr": AT_LEAST_0,
     "optim.weight_decay": AT_LEAST_0,
     "optim.momentum": UNIT,

@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import datetime
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +147,170 @@ def _interrupted(fabric: Fabric, signum: int, step: int, run_dir: Path) -> Train
     for logger in fabric.loggers:
         logger.finalize("interrupted")
     return TrainingInterrupted(signum, step, run_dir / "checkpoints" / "last.ckpt", run_dir)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A multi-process run failed because a rank stalled or died: a collective waited longer than its timeout
+    (``key``: ``trainer.collective_timeout_minutes``, or ``trainer.setup_timeout_minutes`` for the setup waits of
+    :class:`_SetupGroup`) for the other ranks, or lost its connection to a rank whose process ended. The message is
+    one line naming this process's rank and the world size, the timeout, the key that sets it and, when known, the
+    ranks that did not arrive. The other ranks are not coming: end the process without meeting them again (the
+    CLI prints the line and exits with ``exit_code``, 4, skipping the barriers of :func:`leave_process_group`)."""
+
+    exit_code = 4
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        minutes: float,
+        key: str,
+        what: str = "a collective",
+        absent: Iterable[int] | None = None,
+        lost: bool = False,
+    ) -> None:
+        self.rank, self.world_size, self.minutes, self.key = int(rank), int(world_size), float(minutes), key
+        self.absent, self.lost = sorted(absent or []), lost
+        if lost:
+            head = f"{what} lost its connection to another rank"
+        else:
+            head = f"{what} waited more than {self.minutes:g} min for the other ranks ({key})"
+        how = "ended or died" if lost else "stalled or died"
+        if len(self.absent) == 1:
+            tail = f"rank {self.absent[0]} did not arrive: it {how} (see its own output)"
+        elif self.absent:
+            tail = f"ranks {', '.join(map(str, self.absent))} did not arrive: they {how} (see their own output)"
+        else:
+            tail = f"a rank {how} (see its own output)"
+        super().__init__(f"rank {self.rank} of {self.world_size}: {head}; {tail}")
+
+
+# torch's words for a collective that waited too long (gloo: "Timed out waiting 600000ms for recv operation to
+# complete" from the operation that timed out, "Application timeout caused pair closure" from the others of the
+# process; NCCL's watchdog: "... ran for 600010 milliseconds before timing out"; monitored barriers: "failed to
+# pass monitoredBarrier in ... ms") or that lost its peer (gloo: "Connection closed by peer [addr]:port. This is
+# typically caused by a remote worker crashing"), and the marks of an error of torch.distributed at all
+_TIMED_OUT = re.compile(r"tim(e|ed|ing) ?out|monitoredBarrier", re.IGNORECASE)
+_LOST_PEER = re.compile(r"connection (closed|reset) by peer|broken pipe", re.IGNORECASE)
+_DISTRIBUTED = re.compile(
+    r"gloo|nccl|c10d|processgroup|monitoredbarrier|watchdog|(send|recv) operation|pair closure|remote worker",
+    re.IGNORECASE,
+)
+
+
+def _collective_failure(
+    error: BaseException, minutes: float, key: str, what: str = "a collective", absent: list[int] | None = None
+) -> CollectiveTimeout | None:
+    """``error`` as a :class:`CollectiveTimeout` when it is torch.distributed's timeout (or lost peer) of a collective
+    in a process group of several ranks; None for any other error (raised as it is)."""
+    if isinstance(error, CollectiveTimeout):
+        return error
+    import torch.distributed as dist
+
+    if not isinstance(error, RuntimeError) or not dist.is_available() or not dist.is_initialized():
+        return None
+    if dist.get_world_size() <= 1:
+        return None
+    text = str(error)
+    if not (isinstance(error, getattr(dist, "DistError", ())) or _DISTRIBUTED.search(text)):
+        return None
+    if _TIMED_OUT.search(text):
+        lost = False
+    elif _LOST_PEER.search(text):
+        lost = True
+    else:
+        return None
+    return CollectiveTimeout(dist.get_rank(), dist.get_world_size(), minutes, key, what, absent, lost)
+
+
+@contextlib.contextmanager
+def _collectives_fail_clearly(fabric: Fabric, minutes: float):
+    """Inside: torch's error for a collective of the training group (``fabric``'s, ``minutes`` its timeout) that
+    timed out or lost a rank is raised as a :class:`CollectiveTimeout` (the loggers flushed and closed first, as
+    the process is about to end without meeting the other ranks again); other errors pass unchanged."""
+    try:
+        yield
+    except RuntimeError as e:
+        failure = _collective_failure(e, minutes, "trainer.collective_timeout_minutes")
+        if failure is None:
+            raise
+        for logger in fabric.loggers:
+            with contextlib.suppress(Exception):
+                logger.finalize("failed")
+        if failure is e:
+            raise
+        raise failure from e
+
+
+class _SetupGroup:
+    """A gloo process group of every rank whose timeout is ``trainer.setup_timeout_minutes``, for the waits that
+    legitimately outlast a collective timeout: the other ranks while rank 0 builds the data and caches first
+    (:func:`_rank_zero_first`), ranks that prepare their models (caches of frozen features...) at their own pace
+    before the first training collective, the others while rank 0 writes figures, artifacts and the report. Gloo
+    also when the training group is NCCL. Each rank records its arrival at a barrier on the rendezvous store, so
+    that a rank that times out can name the ranks that did not arrive (``monitored_barrier`` names them on rank 0
+    only, logs extra lines on stderr, and says "failed to pass" also of a rank whose process ended)."""
+
+    def __init__(self, minutes: float) -> None:
+        import torch.distributed as dist
+
+        self.minutes = float(minutes)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(minutes=self.minutes))
+        self._store = dist.distributed_c10d._get_default_store()
+        self._prefix = f"rlattention/setup/{self.group.group_name}"  # the same on every rank, new for each group
+        self._calls = 0
+
+    def barrier(self) -> None:
+        """Wait for every rank at most ``minutes``; a rank that does not arrive in time, or whose process ended, is a
+        :class:`CollectiveTimeout` naming ``trainer.setup_timeout_minutes`` and the ranks that did not arrive."""
+        import torch.distributed as dist
+
+        self._calls += 1  # every rank makes the same calls: the same keys
+        key = f"{self._prefix}/{self._calls}/"
+        with contextlib.suppress(Exception):  # the record only names the absent ranks in a message
+            self._store.set(key + str(self.rank), "1")
+        try:  # a barrier: the sum of one CPU number (no device involved, also when the training group is NCCL)
+            dist.all_reduce(torch.zeros(1), group=self.group)
+        except RuntimeError as e:
+            absent = None
+            with contextlib.suppress(Exception):  # rank 0, the store's host, may be the one that died
+                absent = [q for q in range(self.world_size) if not self._store.check([key + str(q)])]
+            failure = _collective_failure(e, self.minutes, "trainer.setup_timeout_minutes", "a setup barrier", absent)
+            if failure is None:
+                raise
+            raise failure from e
+
+
+_SETUP_GROUPS: weakref.WeakKeyDictionary[Fabric, _SetupGroup] = weakref.WeakKeyDictionary()
+
+
+def _setup_group(fabric: Fabric | None, minutes: float) -> _SetupGroup | None:
+    """The :class:`_SetupGroup` of ``fabric``'s run, made at the first call (every rank makes it at the same point:
+    right after ``fabric.launch()``) and kept for the run; None with one process (nothing to wait for)."""
+    import torch.distributed as dist
+
+    if fabric is None or fabric.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_world_size() <= 1:
+        return None
+    group = _SETUP_GROUPS.get(fabric)
+    if group is None:
+        group = _SETUP_GROUPS[fabric] = _SetupGroup(minutes)
+    return group
+
+
+@contextlib.contextmanager
+def _rank_zero_first(setup: _SetupGroup | None):
+    """As ``fabric.rank_zero_first()``: rank 0 runs the block first (it writes any cache), then the other ranks (they
+    read it), waiting on the setup group (``trainer.setup_timeout_minutes``), not the collective timeout. One
+    process: the block alone. An error in rank 0's block skips its barrier: the others learn it when its process
+    ends (a :class:`CollectiveTimeout` saying that a rank ended) rather than repeat the failed work."""
+    if setup is not None and setup.rank > 0:
+        setup.barrier()
+    yield
+    if setup is not None and setup.rank == 0:
+        setup.barrier()
 
 
 @dataclass
@@ -292,8 +459,6 @@ def leave_process_group(exit_code: int | None = None, timeout: float = 300.0) ->
     Without ``exit_code`` the caller keeps running with the group in place (rank 0's wait also gives its workers
     time to finish)."""
     global _LEAVE_CALLS
-    import logging
-
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
@@ -310,11 +475,28 @@ def leave_process_group(exit_code: int | None = None, timeout: float = 300.0) ->
         while store.add(key, 0) < world - 1 and time.monotonic() < deadline:
             time.sleep(0.01)
     if exit_code is not None:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(exit_code)
+        _exit_now(exit_code)
+
+
+def leave_after_collective_failure(exit_code: int) -> None:
+    """After a :class:`CollectiveTimeout`: end this process at once with ``exit_code`` (output flushed), without the
+    barriers of :func:`leave_process_group` (the other ranks are not coming: they would only wait again) and without
+    tearing the process group down (it can hang on the failed collective). No-op unless a process group of several
+    ranks is initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        _exit_now(exit_code)
+
+
+def _exit_now(exit_code: int) -> None:
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(exit_code)
 
 
 def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
@@ -348,7 +530,7 @@ def truncate_metrics_csv(path: Path, step: int, final_prefix: str = "") -> int:
     return len(rows) - len(kept)
 
 
-def _strategy(name: str, devices: Any, timeout_minutes: float = 30.0):
+def _strategy(name: str, devices: Any, timeout_minutes: float = 10.0):
     """``ddp`` (also ``auto`` with several devices outside interactive sessions, where Lightning picks ``ddp``
     too): Lightning's DDP with ``find_unused_parameters=True``. Some methods have trainable parameters that a step
     leaves without a gradient (e.g. the ``w_mean`` head of dcpg's policies, which only ``pg: continuous`` uses),
@@ -357,8 +539,6 @@ def _strategy(name: str, devices: Any, timeout_minutes: float = 30.0):
     ``ddp_fork``, ...) are built as Lightning builds them. Every DDP strategy gets ``timeout_minutes``
     (``trainer.collective_timeout_minutes``) as its process group's timeout: a collective that waits longer for a
     stalled rank raises instead of hanging. Other names go to Lightning as they are."""
-    import datetime
-
     from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy
 
     timeout = datetime.timedelta(minutes=timeout_minutes)
@@ -620,7 +800,15 @@ def fit(
     loggers are flushed, the lock released, the previous signal handlers restored, and :class:`TrainingInterrupted`
     (naming the signal, the step and the checkpoint) is raised; ``resume`` then continues exactly as an
     uninterrupted run would. Further signals while it saves are ignored (the checkpoint is never cut short). A
-    signal that is ignored (``nohup``) stays ignored; outside the main thread no handler is installed."""
+    signal that is ignored (``nohup``) stays ignored; outside the main thread no handler is installed.
+
+    Several processes: a collective (gradient all-reduce, barrier, broadcast) that waits more than
+    ``trainer.collective_timeout_minutes`` (default 10) for a stalled or dead rank, or loses its connection to a rank
+    whose process ended, raises :class:`CollectiveTimeout`, one line naming this rank, the world size, the timeout
+    and its key (the CLI prints it and exits with 4). The waits that may legitimately take longer use a gloo group
+    of their own whose timeout is ``trainer.setup_timeout_minutes`` (default 240): the other ranks while rank 0
+    builds the data and caches first, every rank preparing its model (``on_fit_start``) before the first training
+    collective, the others while rank 0 writes figures, artifacts and report.json."""
     tc = cfg.trainer
     if tc.num_threads > 0:
         torch.set_num_threads(tc.num_threads)
@@ -647,6 +835,23 @@ def fit(
             check_not_busy(run_dir)
     fabric = _make_fabric(cfg, run_dir, resume=resume_path is not None)
     fabric.launch()
+    with _collectives_fail_clearly(fabric, tc.collective_timeout_minutes):
+        _setup_group(fabric, tc.setup_timeout_minutes)  # several processes: the long waits' group, made at once
+        return _fit_launched(cfg, fabric, run_dir, name, resume_path, splits, data_dir)
+
+
+def _fit_launched(
+    cfg: ExperimentConfig,
+    fabric: Fabric,
+    run_dir: Path,
+    name: str,
+    resume_path: Path | None,
+    splits: DataSplits | None,
+    data_dir: str | None,
+) -> dict[str, Any]:
+    """The rest of :func:`fit` once ``fabric`` is launched: the run folder chosen, created and locked by rank 0,
+    then :func:`_train`."""
+    tc = cfg.trainer
     run_dir = Path(fabric.broadcast(str(run_dir)))  # rank 0's folder (a default name holds rank 0's time)
     lock, failure = None, None
     if fabric.global_rank == 0:  # rank 0 creates, locks and guards the folder; the others wait for its word
@@ -692,9 +897,10 @@ def _train(
     """The body of :func:`fit` once the run folder is chosen, locked and holds ``config.yaml``; ``stop``: the
     signal handlers installed for the training loop (the caller restores them)."""
     tc = cfg.trainer
+    setup = _setup_group(fabric, tc.setup_timeout_minutes)  # None with one process
     fabric.seed_everything(tc.seed, verbose=False)  # same initial weights on every rank
     if splits is None:
-        with fabric.rank_zero_first():  # rank 0 writes any render cache; the others then read it
+        with _rank_zero_first(setup):  # rank 0 writes any render cache; the others then read it
             splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
     # resuming: the model is rebuilt from the checkpoint's weights where a method reads an artifact (darp)
@@ -733,6 +939,8 @@ def _train(
     total_steps = tc.max_steps if tc.max_steps > 0 else tc.epochs * steps_per_epoch
     max_epochs = -(-total_steps // steps_per_epoch)
     scheduler = make_scheduler(optimizer, cfg.optim, total_steps, steps_per_epoch)
+    if setup is not None:  # every rank prepared (data, caches, model) at its own pace: meet before the first
+        setup.barrier()  # training collective (DDP's broadcast of the weights in setup) starts its timeout
     model, optimizer = fabric.setup(model, optimizer)
     raw = _unwrap(model)
     progress = Progress()
@@ -931,6 +1139,8 @@ def _train(
         report["artifacts"] = [str(p) for p in raw.export(splits, run_dir)]
         refuse_links(run_dir)
         write_text_nofollow(run_dir / "report.json", json.dumps(report, indent=2))
+    if setup is not None:  # the others wait for rank 0's figures and artifacts (an export can take minutes)
+        setup.barrier()
     for logger in fabric.loggers:
         logger.finalize("success")
     return report
@@ -955,17 +1165,42 @@ def load_for_eval(
 def _build_for_eval(ckpt: dict, path: str | Path, data_dir: str | None, fabric: Fabric | None):
     cfg_dict = ckpt["config"]
     cfg = from_dict(cfg_dict, source=f"{path} (config)")
-    if fabric is not None and fabric.world_size > 1:
-        with fabric.rank_zero_first():
-            splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
-    else:
+    setup = _setup_group(fabric, cfg.trainer.setup_timeout_minutes)  # None with one process
+    with _rank_zero_first(setup):  # rank 0 writes any cache; the others then read it
         splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     model = get_method(cfg.method).from_checkpoint(
         cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)), ckpt["model"]
     )
     load_model_state(model, ckpt["model"], path)  # all of the weights, or a one-line error naming the keys
     model.set_progress(_checkpoint_progress(ckpt, cfg, len(splits.train)))  # schedules (sigma, epsilon) as trained
+    if setup is not None:  # the others built the data after rank 0: meet before the next (timed) collective
+        setup.barrier()
     return cfg, model, splits
+
+
+def _eval_fabric(cfg: ExperimentConfig, accelerator: str, devices: int, strategy: str) -> Fabric:
+    """The launched Fabric of an evaluation: ``devices`` processes (``strategy`` "auto": ddp when several), the
+    checkpoint's ``trainer.precision`` and timeouts (``collective_timeout_minutes`` for the DDP group, the setup
+    group of ``setup_timeout_minutes`` made right after the launch)."""
+    tc = cfg.trainer
+    if devices > 1 and strategy == "auto":
+        strategy = "ddp"
+    fabric = Fabric(
+        accelerator=accelerator,
+        devices=devices,
+        strategy=_strategy(strategy, devices, tc.collective_timeout_minutes),
+        precision=tc.precision,
+    )
+    fabric.launch()
+    with _collectives_fail_clearly(fabric, tc.collective_timeout_minutes):
+        _setup_group(fabric, tc.setup_timeout_minutes)
+    return fabric
+
+
+def _fabric_timeout_minutes(fabric: Fabric, default: float) -> float:
+    """The collective timeout of ``fabric``'s process group (Lightning's DDP strategies hold it), else ``default``."""
+    timeout = getattr(fabric.strategy, "_timeout", None)
+    return timeout.total_seconds() / 60 if isinstance(timeout, datetime.timedelta) else default
 
 
 def _checkpoint_progress(ckpt: dict, cfg: ExperimentConfig, num_train: int) -> float:
@@ -1000,21 +1235,21 @@ def evaluate_checkpoint(
     of the batches, the scores are gathered and every process returns the metrics of the whole split, equal to
     those of one process. Fabric's launcher starts the other processes by re-running this program's command
     line (as ``rlattention eval --devices N`` does), unless they were started by torchrun or SLURM. ``fabric``:
-    an already launched Fabric to use instead (``accelerator``, ``devices`` and ``strategy`` are then ignored)."""
+    an already launched Fabric to use instead (``accelerator``, ``devices`` and ``strategy`` are then ignored).
+    The processes use the timeouts of the checkpoint's config (``trainer.collective_timeout_minutes``,
+    ``trainer.setup_timeout_minutes``, see :func:`fit`); a stalled or dead rank is a :class:`CollectiveTimeout`."""
     if split not in ("test", "val", "train"):
         raise ValueError(f"split must be test, val or train, got {split!r}")
     ckpt = load_checkpoint_file(_resolve_checkpoint(path))
+    cfg = from_dict(ckpt["config"], source=f"{path} (config)")
     if fabric is None:
-        precision = from_dict(ckpt["config"], source=f"{path} (config)").trainer.precision
-        if devices > 1 and strategy == "auto":
-            strategy = "ddp"
-        fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision)
-        fabric.launch()
-    cfg, model, splits = _build_for_eval(ckpt, path, data_dir, fabric)
-    dataset = getattr(splits, split)
-    if limit > 0:
-        dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
-    model = fabric.setup_module(model)
-    if attack:
-        return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
-    return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
+        fabric = _eval_fabric(cfg, accelerator, devices, strategy)
+    with _collectives_fail_clearly(fabric, _fabric_timeout_minutes(fabric, cfg.trainer.collective_timeout_minutes)):
+        cfg, model, splits = _build_for_eval(ckpt, path, data_dir, fabric)
+        dataset = getattr(splits, split)
+        if limit > 0:
+            dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
+        model = fabric.setup_module(model)
+        if attack:
+            return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
+        return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
