@@ -1,7 +1,9 @@
 """Dataset registry: ``name -> builder(cfg, data_dir) -> DataSplits``.
 
 A reader or generator registers itself with :func:`register_dataset`; the engine only calls
-:func:`build_dataset`, so a new dataset is one function and one decorator.
+:func:`build_dataset`, so a new dataset is one function and one decorator. A user's own datasets register the same
+way from a plugin module (package entry points of the group ``rlattention.datasets`` or ``$RLATTENTION_IMPORT``:
+:mod:`rlattention.plugins`, ``docs/own-data.md``), imported when names are first resolved or listed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlattention.data.base import DataSplits
+from rlattention.plugins import load_plugins
 
 Builder = Callable[[Any, "Path | None"], DataSplits]
 _DATASETS: dict[str, Builder] = {}
@@ -45,16 +48,20 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
 def build_dataset(name: str, cfg: Any, data_dir: str | os.PathLike | None = None) -> DataSplits:
     _import_all()
     if name not in _DATASETS:
-        raise KeyError(f"unknown dataset {name!r}; registered datasets: {', '.join(sorted(_DATASETS))}")
+        raise KeyError(
+            f"unknown dataset {name!r}; registered datasets: {', '.join(sorted(_DATASETS))} (a dataset of your own: "
+            "docs/own-data.md)"
+        )
     return _DATASETS[name](cfg, resolve_data_dir(data_dir))
 
 
 def _import_all() -> None:
-    # Importing the modules runs their @register_dataset decorators.
+    # Importing the modules runs their @register_dataset decorators; then the user's own (rlattention.plugins).
     from rlattention.data import (  # noqa: F401
         cifar,
         coco,
         digits,
+        folders,
         image_text,
         mnist,
         multilabel_digits,
@@ -65,3 +72,5 @@ def _import_all() -> None:
         svhn,
         voc,
     )
+
+    load_plugins("datasets")
