@@ -103,6 +103,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="fewer repetitions (smoke)")
     b.add_argument("--methods", nargs="+", metavar="METHOD", help="training: only these methods (default: all)")
 
+    for command in (f, e, v, d):
+        command.add_argument(
+            "--import",
+            dest="imports",
+            action="append",
+            default=[],
+            metavar="MODULE",
+            help="import a module that registers your own dataset or method first (a dotted name found on the path or "
+            "in the working folder, or a .py file; repeatable; as RLATTENTION_IMPORT, see docs/own-data.md)",
+        )
     k = sub.add_parser("backbones", help="list the registered backbones (parameters, pretrained weights, top-1)")
     k.add_argument("--json", action="store_true", help="print the table as JSON")
     return p
@@ -425,6 +435,10 @@ def _main(argv: list[str] | None) -> int:
 
     handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench, "backbones": _backbones}
     try:
+        if getattr(args, "imports", None):
+            from rlattention.plugins import import_plugins
+
+            import_plugins(args.imports, "--import")
         code = handlers[args.command](args)
         leave_process_group(exit_code=code)  # several processes: every rank ends here, in order (no teardown)
         return code

@@ -182,3 +182,26 @@ def test_unknown_names_point_to_the_guide():
         get_method("nope")
     with pytest.raises(KeyError, match="docs/own-data.md"):
         build_dataset("nope", None)
+
+
+def test_import_option_of_the_command_line(tmp_path, monkeypatch, capsys):
+    """``rlattention fit --import my_plugin`` (a module in the working folder) trains the plugin's dataset and method
+    end to end, with no environment variable; ``data info --import FILE.py`` finds its dataset; an ``--import`` that
+    fails is one line naming the option and the module, before any run folder exists."""
+    code_dir = tmp_path / "work"
+    path = write_plugin(code_dir)
+    data = write_npz(tmp_path / "data")
+    monkeypatch.chdir(code_dir)
+    runs = tmp_path / "runs"
+    argv = ["fit", "--import", "my_plugin", "--data-dir", str(data), "data.name=my_npz", "method=smooth_cnn"]
+    argv += ["model.channels=[4,8]", "model.hidden=8", *TRAIN, f"trainer.out_dir={runs}", "eval.viz_images=0"]
+    assert main([*argv, "trainer.run_name=run"]) == 0
+    assert json.loads((runs / "run" / "report.json").read_text())["method"] == "smooth_cnn"
+    capsys.readouterr()
+    assert main(["data", "info", "my_npz", "--import", str(path), "--data-dir", str(data)]) == 0
+    assert "my_npz" in capsys.readouterr().out
+    (code_dir / "broken_plugin.py").write_text("raise RuntimeError('this plugin is broken')\n")
+    assert main(["fit", "--import", "broken_plugin", *argv[3:], "trainer.run_name=broken"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--import" in err[0] and "broken_plugin" in err[0] and "this plugin is broken" in err[0]
+    assert not (runs / "broken").exists()
