@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
+import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 EPILOG = """examples:
   rlattention fit --config configs/ram_digits.yaml
   rlattention fit --config configs/ram_mnist.yaml --data-dir ../shared/data/mnist model.num_glimpses=8
   rlattention fit --resume runs/ram_mnist                    # continue from runs/ram_mnist/checkpoints/last.ckpt
-  rlattention eval runs/ram_mnist/checkpoints/best.ckpt --mc-samples 10
+  rlattention eval runs/ram_mnist/checkpoints/best.ckpt --mc-samples 10   # also writes runs/ram_mnist/eval.json
   rlattention eval runs/ram_mnist/checkpoints/best.ckpt --devices 2 --json   # 2 processes, same metrics
   rlattention eval runs/darp_triplet_chairv2/checkpoints/best.ckpt --data sketchy --data-dir ../sketchy \
       data.sketchy_split=all_test                           # another dataset: the whole folder as test
   rlattention data info sketchy --data-dir ../sketchy        # counts sketches, photos, classes (no decoding)
-  rlattention viz runs/ram_mnist/checkpoints/best.ckpt --num-images 8
+  rlattention data info qmul_chairv2 --data-dir ../shared/data   # counts; sizes of the render cache (nothing written)
+  rlattention viz runs/ram_mnist/checkpoints/best.ckpt --num-images 8    # into a new runs/ram_mnist/viz (viz-2...)
   rlattention backbones                                     # registered backbones, pretrained weights installed?
 """
 
@@ -80,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--epsilon", type=float, default=0.1, help="PGD: radius of the L-inf ball (images in [0, 1])")
     e.add_argument("--step-size", type=float, default=0.01, help="PGD: step size")
     e.add_argument("--steps", type=int, default=20, help="PGD: number of steps")
+    e.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the results to FILE (a new file) instead of the run folder's eval.json (eval-2.json, ... when "
+        "taken; next to the checkpoint outside a run folder)",
+    )
+    e.add_argument("--no-save", action="store_true", help="print the results only: write no eval.json")
 
     v = sub.add_parser(
         "viz", help="write attention figures (glimpses, attention maps, ranked galleries) for a checkpoint"
@@ -88,7 +99,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--data-dir")
     v.add_argument("--split", default="test", choices=["test", "val", "train"])
     v.add_argument("--num-images", type=int, default=8)
-    v.add_argument("--out", help="output folder (default: <run>/figures)")
+    v.add_argument(
+        "--out",
+        metavar="DIR",
+        help="output folder, new or empty (default: a new <run>/viz, viz-2, ...; never the training figures/)",
+    )
+    v.add_argument("--overwrite", action="store_true", help="let --out DIR be a folder that holds files already")
     v.add_argument("--seed", type=int, default=1234)
 
     d = sub.add_parser("data", help="list or inspect datasets")
@@ -253,8 +269,9 @@ def _eval_config(config: dict, data: str | None, overrides: list[str], source: s
     return to_dict(build_config(config, pairs, source=source))
 
 
-def _evaluate_on_data(args, attack: dict | None) -> dict:
-    """``evaluate_checkpoint`` with the checkpoint's data settings replaced (``--data``, ``data.*`` overrides)."""
+def _evaluate_on_data(args, attack: dict | None, record: dict) -> dict:
+    """``evaluate_checkpoint`` with the checkpoint's data settings replaced (``--data``, ``data.*`` overrides);
+    ``record`` is filled as ``evaluate_checkpoint`` fills it."""
     import torch
 
     from rlattention.engine.checkpoint import load_checkpoint_file
@@ -264,6 +281,7 @@ def _evaluate_on_data(args, attack: dict | None) -> dict:
         _collectives_fail_clearly,
         _eval_fabric,
         _resolve_checkpoint,
+        eval_record,
         evaluate,
         evaluate_under_attack,
     )
@@ -280,6 +298,7 @@ def _evaluate_on_data(args, attack: dict | None) -> dict:
             raise ValueError(f"the {args.split} split of {cfg.data.name} is empty with these data settings")
         if args.limit > 0:
             dataset = dataset.subset(torch.arange(min(args.limit, len(dataset))))
+        record.update(eval_record(args.checkpoint, cfg, args.data_dir, len(dataset)))
         model = fabric.setup_module(model)
         if attack:
             return evaluate_under_attack(
@@ -291,11 +310,13 @@ def _evaluate_on_data(args, attack: dict | None) -> dict:
 def _eval(args) -> int:
     from rlattention.engine.trainer import evaluate_checkpoint
 
+    started = time.time()
     attack = None
     if args.attack == "pgd":
         attack = {"epsilon": args.epsilon, "step_size": args.step_size, "steps": args.steps}
+    record: dict = {}
     if args.data or args.overrides:
-        m = _evaluate_on_data(args, attack)
+        m = _evaluate_on_data(args, attack, record)
     else:
         m = evaluate_checkpoint(
             args.checkpoint,
@@ -309,36 +330,154 @@ def _eval(args) -> int:
             limit=args.limit,
             devices=args.devices,
             strategy=args.strategy,
+            record=record,
         )
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    if rank_zero_only.rank != 0:  # every process has the metrics of the whole split; one prints them
+    if rank_zero_only.rank != 0:  # every process has the metrics of the whole split; one prints (and saves) them
         return 0
-    if args.json:
-        print(json.dumps(m))
-    else:
-        how = f"average of {args.mc_samples} sampled episodes" if args.mc_samples else "mean locations"
-        if attack:
-            how += f", PGD eps={args.epsilon} step={args.step_size} steps={args.steps}"
-        on = f" of {args.data}" if args.data else ""
-        print(f"{args.split}{on}: {_format_metrics(m)} ({int(m['count'])} images, {how}, seed {args.seed})")
+    how = f"average of {args.mc_samples} sampled episodes" if args.mc_samples else "mean locations"
+    if attack:
+        how += f", PGD eps={args.epsilon} step={args.step_size} steps={args.steps}"
+    on = f" of {args.data}" if args.data else ""
+    line = f"{args.split}{on}: {_format_metrics(m)} ({int(m['count'])} images, {how}, seed {args.seed})"
+    print(json.dumps(m) if args.json else line, flush=True)
+    if not args.no_save:
+        path = _save_eval(args, m, line, attack, record, started)
+        # --json: stdout stays the metrics' JSON line alone
+        print(f"results: {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _save_eval(args, metrics: dict, line: str, attack: dict | None, record: dict, started: float) -> Path:
+    """Write ``eval.json`` (see ``_eval_target``) and return its path: the metrics as printed (the ``--json``
+    line: same names, same values) and the console's line, the checkpoint (absolute path, sha256, method), the
+    split, seed, mc_samples, batch size, limit, processes, attack settings, dataset, data folder and overrides,
+    the command line, the working folder, the time and the versions."""
+    import platform
+
+    import torch
+
+    import rlattention
+    from rlattention.engine.rundir import write_new_text
+
+    ckpt = Path(record["checkpoint"])
+    result = {
+        "metrics": metrics,
+        "summary": line,
+        "checkpoint": str(ckpt),
+        "checkpoint_sha256": _sha256(ckpt),
+        "method": record.get("method"),
+        "split": args.split,
+        "seed": args.seed,
+        "mc_samples": args.mc_samples,
+        "batch_size": args.batch_size,
+        "limit": args.limit,
+        "devices": args.devices,
+        "attack": None if attack is None else {"name": args.attack, **attack},
+        "dataset": record.get("dataset"),
+        "data_dir": record.get("data_dir"),
+        "data_overrides": list(args.overrides),
+        "images": record.get("images"),
+        "command": shlex.join(["rlattention", *args.argv]),
+        "cwd": str(Path.cwd()),
+        "time": datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "seconds": round(time.time() - started, 2),
+        "versions": {
+            "rlattention": rlattention.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+    target, numbered = _eval_target(args, ckpt)
+    return write_new_text(target, json.dumps(result, indent=2) + "\n", numbered=numbered)
+
+
+def _eval_target(args, ckpt: Path) -> tuple[Path, bool]:
+    """Where ``eval`` writes: ``(path, numbered)``. ``--out FILE``: that new file (its folder is created);
+    else ``eval.json`` in the checkpoint's run folder, or next to a checkpoint outside any run folder, numbered
+    ``eval-2.json``, ``eval-3.json``... when taken."""
+    from rlattention.engine.rundir import find_run_dir
+
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out, False
+    run = find_run_dir(ckpt)
+    return (run if run is not None else ckpt.parent) / "eval.json", True
+
+
+class _NoFigures(Exception):
+    """``viz`` of a method that draws no figures: one line saying why, exit code 2."""
 
 
 def _viz(args) -> int:
     import torch
 
-    from rlattention.engine.trainer import _resolve_checkpoint, load_for_eval
+    from rlattention.engine.checkpoint import load_checkpoint_file
+    from rlattention.engine.registry import get_method
+    from rlattention.engine.trainer import _build_for_eval, _resolve_checkpoint
 
-    cfg, model, splits = load_for_eval(args.checkpoint, args.data_dir)
+    ckpt = _resolve_checkpoint(args.checkpoint)
+    state = load_checkpoint_file(ckpt)
+    method = state["config"].get("method")
+    reason = get_method(method).visualization_unavailable() if isinstance(method, str) else None
+    if reason:  # before the data are built or a folder is made
+        raise _NoFigures(f"{method} draws no figures: {reason}")
+    cfg, model, splits = _build_for_eval(state, args.checkpoint, args.data_dir, None)
+    del state
     model.eval()
     ds = getattr(splits, args.split)
-    out = Path(args.out) if args.out else _resolve_checkpoint(args.checkpoint).parent.parent / "figures"
+    out = _viz_folder(args, ckpt)
     gen = torch.Generator().manual_seed(args.seed)
-    paths = model.visualize_split(ds, out, max(1, args.num_images), cfg.trainer.eval_batch_size, generator=gen)
+    try:
+        paths = model.visualize_split(ds, out, max(1, args.num_images), cfg.trainer.eval_batch_size, generator=gen)
+    except NotImplementedError as e:  # a model that cannot draw these weights (dcpg with model.pg=none, a plugin)
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only if this command made it and it is still empty
+        raise _NoFigures(f"{cfg.method} draws no figures for {ckpt}: {e}") from None
     for p in paths:
         print(p)
     return 0
+
+
+def _viz_folder(args, ckpt: Path) -> Path:
+    """The folder ``viz`` writes into, created: ``--out DIR`` (new or empty; with ``--overwrite`` any real folder
+    holding no symbolic link), else a new ``viz`` folder (``viz-2``, ``viz-3``... when taken) in the checkpoint's
+    run folder, or next to a checkpoint outside any run folder. Never the training ``figures/``."""
+    import os
+
+    from rlattention.engine.rundir import RunFolderError, find_run_dir, new_folder
+
+    if not args.out:
+        run = find_run_dir(ckpt)
+        return new_folder((run if run is not None else ckpt.parent) / "viz")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.overwrite:
+        return new_folder(out, numbered=False)
+    if os.path.islink(out):
+        raise RunFolderError(
+            f"{out} is a symbolic link (to {os.readlink(out)}); figures are never written through a link"
+        )
+    out.mkdir(exist_ok=True)
+    links = sorted(p.name for p in out.iterdir() if p.is_symlink())
+    if links:
+        raise RunFolderError(
+            f"{out} holds symbolic links ({', '.join(links[:3])}); figures are never written through a link: "
+            "remove them or choose another --out"
+        )
+    return out
 
 
 def _data(args) -> int:
@@ -353,19 +492,33 @@ def _data(args) -> int:
         raise SystemExit("rlattention data info NAME: give a dataset name (see `rlattention data list`)")
     name, overrides = args.rest[0], args.rest[1:]
     cfg = load_config(None, [f"data.name={name}", *overrides])
-    if name == "sketchy":  # lists the folders only: no image is decoded and no cache is written
+    describe = _describers().get(name)
+    if describe is not None:  # scans and counts only: no image is decoded or rendered and no cache is written
         from rlattention.data.registry import resolve_data_dir
-        from rlattention.data.sketchy import describe_sketchy
 
-        for line in describe_sketchy(cfg.data, resolve_data_dir(args.data_dir or cfg.data.data_dir)):
+        for line in describe(cfg.data, resolve_data_dir(args.data_dir or cfg.data.data_dir)):
             print(line)
         return 0
+    # the other datasets are built as fit builds them: a cache build says what it writes first, and one over
+    # $RLATTENTION_CACHE_LIMIT stops before writing (rlattention.cache_limit)
     s = build_dataset(cfg.data.name, cfg.data, args.data_dir or cfg.data.data_dir)
     print(f"{name}: {s.num_classes} classes, image shape {s.image_shape}")
     for split in ("train", "val", "test"):
         ds = getattr(s, split)
         print(f"  {split}: {len(ds)} images")
     return 0
+
+
+def _describers() -> dict:
+    """``data info`` of the datasets whose build renders or decodes into the cache: counted from the files."""
+    from rlattention.data.sketch_retrieval import describe_omniglot_sketch, describe_qmul_chairv2
+    from rlattention.data.sketchy import describe_sketchy
+
+    return {
+        "sketchy": describe_sketchy,
+        "qmul_chairv2": describe_qmul_chairv2,
+        "omniglot_sketch": describe_omniglot_sketch,
+    }
 
 
 def _bench(args) -> int:
@@ -416,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, as eval.json records it
     # key=value overrides may follow options (argparse stops filling a positional list at the first option)
     target = {"fit": "overrides", "eval": "overrides", "data": "rest"}.get(args.command)
     if unknown and (target is None or any(u.startswith("-") or "=" not in u for u in unknown)):
@@ -445,6 +599,9 @@ def _main(argv: list[str] | None) -> int:
     except (ConfigError, CheckpointError, FileNotFoundError, KeyError, ValueError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"rlattention {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except _NoFigures as e:
+        print(f"rlattention {args.command}: {e}", file=sys.stderr)
         return 2
     except TrainingDiverged as e:  # a non-finite loss: the message names the step and the term
         print(f"rlattention {args.command}: stopped: {e}", file=sys.stderr)

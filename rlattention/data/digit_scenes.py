@@ -95,11 +95,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from rlattention.data import limits
 from rlattention.data.mnist import find_mnist_files, load_mnist, split_seed
 from rlattention.data.precomp import CAPTIONS_PER_IMAGE, write_precomp_split
+from rlattention.progress import progress_bar
 from rlattention.vision.backbones import SmallCNN
 from rlattention.vision.crops import crop_boxes
 
@@ -119,6 +119,7 @@ __all__ = [
     "SceneDigit",
     "SceneImages",
     "digit_sides",
+    "estimated_bytes",
     "find_scene_images",
     "generate_digit_scenes",
     "load_region_cnn",
@@ -171,6 +172,7 @@ _NO_COLOUR = len(PALETTE)  # colour class of distractor crops without a digit
 _CROP_SCALE, _CROP_PAD = 1.15, 2.0
 _MAX_TRIES, _MAX_RESTARTS, _DISTRACTOR_TRIES = 100, 10, 20
 _CHUNK = 256  # scenes rendered / cropped at a time
+_TEXT_BYTES_PER_SCENE = 550  # its 5 captions (~245 bytes) and its digits in {split}_scenes.json (~290 bytes)
 _DISTRACTOR_FRACTION = 0.2  # of the distractor crops kept to train the region CNN (all digit crops are)
 _DEV_DIGITS = 5000  # MNIST test digits (of a seeded permutation) reserved for dev scenes; test gets the rest
 
@@ -482,7 +484,7 @@ def _draw_split(
     scenes: list[list[SceneDigit]] = []
     captions: list[str] = []
     starts = np.cumsum(count) - count
-    for s in tqdm(range(n), desc=desc, leave=False, disable=not progress):
+    for s in progress_bar(range(n), desc=desc, unit="scene", enabled=progress):
         idx = np.arange(starts[s], starts[s] + count[s])
         size_names = ["large" if large[v] else "small" for v in idx]
         positions = _place([sides[name] for name in size_names], canvas, cells, place_rng)
@@ -633,7 +635,7 @@ def _train_region_cnn(
     steps = max(1, epochs * math.ceil(len(train) / batch_size))
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.2)
     model.train()
-    bar = tqdm(total=steps, desc="region cnn", leave=False, disable=not progress)
+    bar = progress_bar(total=steps, desc="region cnn", unit="step", enabled=progress)
     for _ in range(epochs):
         order = train[torch.randperm(len(train), generator=g)]
         for i in range(0, len(order), batch_size):
@@ -896,7 +898,7 @@ def _write_all(tmp: Path, mnist_root: str | os.PathLike, params: dict[str, Any],
         keep_images = split in params["image_splits"]
         feats = np.zeros((n, regions, model.out_features + GEOMETRY_DIM), dtype=np.float32)
         images = np.zeros((n, 3, canvas, canvas), dtype=np.uint8) if keep_images else None
-        for i in tqdm(range(0, n, _CHUNK), desc=f"{split} features", leave=False, disable=not progress):
+        for i in progress_bar(range(0, n, _CHUNK), desc=f"{split} features", unit="chunk", enabled=progress):
             stop = min(i + _CHUNK, n)
             scenes = _render(layout, i, stop, canvas)
             feats[i:stop, :, : model.out_features] = _cnn_features(model, _crops(scenes, layout.boxes[i:stop]))
@@ -947,13 +949,16 @@ def generate_digit_scenes(
     canvas: side of the square RGB canvas in pixels. digits: ``(fewest, most)`` digits per scene, within 2..4.
     cnn_epochs / cnn_scenes: training of the region CNN, on the crops of the first ``cnn_scenes`` train scenes.
     image_splits: splits whose rendered scenes are saved as ``{split}_scenes.npy`` (for figures).
-    progress: show progress bars. force: regenerate even when the folder is up to date.
+    progress: show progress bars (:func:`rlattention.progress.progress_bar`: rank 0, on a terminal). force:
+    regenerate even when the folder is up to date.
 
     When ``out_dir`` already holds a generation whose manifest records the same parameters, generator version
     and MNIST file sizes, and every listed file has its recorded size, nothing is done. Otherwise everything is
     generated into a temporary folder beside ``out_dir`` which then replaces it, so an interrupted run never
-    leaves a half-written dataset. A folder holding files this generator does not write is never replaced
-    (``FileExistsError``). Returns ``out_dir`` as a ``Path``.
+    leaves a half-written dataset. Before that, one line on stderr says how many scenes go where and about how
+    many bytes (:func:`estimated_bytes`); over ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB) nothing is generated
+    or written (:class:`~rlattention.cache_limit.CacheTooLarge`). A folder holding files this generator does not
+    write is never replaced (``FileExistsError``). Returns ``out_dir`` as a ``Path``.
 
     Reproducibility: layouts and captions are bit-identical for a seed everywhere; the region CNN's training
     is seeded, and bit-identical features need the same torch build and thread count (the saved weights let
@@ -966,6 +971,16 @@ def generate_digit_scenes(
     if not force and _manifest_matches(out_dir, params, mnist):
         return out_dir
     _check_replaceable(out_dir)
+    from rlattention.cache_limit import announce_cache_build
+
+    n = params["num_train"] + params["num_dev"] + params["num_test"]
+    announce_cache_build(
+        f"generating {n:,} digit scenes ({params['num_train']:,} train, {params['num_dev']:,} dev, "
+        f"{params['num_test']:,} test)",
+        out_dir,
+        estimated_bytes(params),
+        "generate fewer scenes (data.num_train, data.num_test)",
+    )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -987,6 +1002,17 @@ def generate_digit_scenes(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def estimated_bytes(params: dict[str, Any]) -> int:
+    """About the bytes :func:`generate_digit_scenes` writes for ``params`` (see :func:`_params`), from the shapes:
+    region features float32 ``(N, R, 64 + 5)``, boxes float32 ``(N, R, 4)``, the scenes of ``image_splits``
+    uint8 ``(N, 3, H, W)``, plus about :data:`_TEXT_BYTES_PER_SCENE` of captions and scene descriptions per scene
+    (measured on the defaults) and the region CNN's weights (about 0.1 MB)."""
+    counts = {"train": params["num_train"], "dev": params["num_dev"], "test": params["num_test"]}
+    per_scene = params["regions"] * 4 * (_CNN_CHANNELS[-1] + GEOMETRY_DIM + 4) + _TEXT_BYTES_PER_SCENE
+    scenes = sum(counts[s] for s in params["image_splits"]) * 3 * params["canvas"] ** 2
+    return sum(counts.values()) * per_scene + scenes + 100_000
 
 
 def _swap_in(new: Path, out_dir: Path) -> None:

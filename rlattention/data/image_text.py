@@ -118,6 +118,8 @@ def build_digit_scenes(cfg: Any, data_dir: Path | None) -> DataSplits:
     n_test = int(getattr(cfg, "num_test", 0) or 0) or 1000
     seed = int(getattr(cfg, "seed", 0))
     folder = Path(cache) / f"digit_scenes_s{seed}_{n_train}_{n_test}"
-    generate_digit_scenes(folder, data_dir, num_train=n_train, num_dev=n_test, num_test=n_test, seed=seed)
+    generate_digit_scenes(
+        folder, data_dir, num_train=n_train, num_dev=n_test, num_test=n_test, seed=seed, progress=True
+    )  # announced first (what, where, about how many bytes); over $RLATTENTION_CACHE_LIMIT: refused
     sub = type("Cfg", (), {"test_split": "test", "max_caption_len": getattr(cfg, "max_caption_len", 0)})()
     return load_precomp_splits(folder, sub, "digit_scenes")

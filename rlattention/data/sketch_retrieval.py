@@ -19,7 +19,10 @@ and ``H = W = cfg.image_size``:
 Memory: ``N * (S + 3) * H * W`` bytes, about 104 MB for the 1275 ChairV2 sketches at 64 px (1.3 GB at 224).
 The renders (and the ChairV2 photos) are cached on disk by :func:`rlattention.data.strokes.cached_render_stack`
 in ``cfg.render_cache`` (``null``: ``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``; ``""`` / ``"none"``:
-no cache).
+no cache); a build announces its size first and stops over ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB, see
+:mod:`rlattention.cache_limit`); the split settings are checked before anything is rendered.
+``rlattention data info`` (:func:`describe_qmul_chairv2`, :func:`describe_omniglot_sketch`) counts sketches,
+photos and renders per split and the cache files' sizes from the files alone: nothing is rendered or written.
 
 ``qmul_chairv2`` (QMUL-Chair-V2, Yu et al. CVPR 2016; coordinates of Bhunia et al. CVPR 2020). Folder
 ``qmul_chairv2/`` holding ``ChairV2_Coordinate`` (the coordinate pickle, see :mod:`rlattention.data.strokes`;
@@ -92,6 +95,8 @@ __all__ = [
     "QmulChairV2Index",
     "build_omniglot_sketch",
     "build_qmul_chairv2",
+    "describe_omniglot_sketch",
+    "describe_qmul_chairv2",
     "find_omniglot_dir",
     "find_qmul_chairv2_dir",
     "gallery_photos",
@@ -376,6 +381,47 @@ def _render_options(cfg: Any) -> _RenderOptions:
     )
 
 
+def _rendering(num_sketches: int, opts: _RenderOptions) -> str:
+    """What a render-cache build of ``num_sketches`` sketches does, for its announcement."""
+    return f"rendering {num_sketches:,} sketches x {opts.steps} partials at {opts.size} px"
+
+
+def _render_bytes(num_sketches: int, opts: _RenderOptions) -> int:
+    """Bytes of the uint8 ``(N, S, H, W)`` renders of ``num_sketches`` sketches."""
+    return num_sketches * opts.steps * opts.size * opts.size
+
+
+def _qmul_render_key(index: QmulChairV2Index, opts: _RenderOptions) -> dict[str, Any]:
+    return {
+        "what": "qmul_partials",
+        "source": file_fingerprint(index.coordinates),
+        "steps": opts.steps,
+        "size": opts.size,
+        "line_width": opts.line_width,
+        "frame": list(QMUL_FRAME),
+    }
+
+
+def _qmul_photo_key(index: QmulChairV2Index, opts: _RenderOptions) -> dict[str, Any]:
+    return {
+        "what": "qmul_photos",
+        "size": opts.size,
+        "photos": _digest([(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in index.photo_paths]),
+    }
+
+
+def _omniglot_render_key(index: OmniglotSketchIndex, opts: _RenderOptions) -> dict[str, Any]:
+    return {
+        "what": "omniglot_partials",
+        "sources": [file_fingerprint(index.folder / OMNIGLOT_SUBSETS[k][1]) for k in index.subsets],
+        "queries": _digest(index.keys),
+        "steps": opts.steps,
+        "size": opts.size,
+        "line_width": opts.line_width,
+        "frame": list(OMNIGLOT_FRAME),
+    }
+
+
 def _rows(targets: np.ndarray, selected: np.ndarray, count: int, mask: np.ndarray | None = None) -> np.ndarray:
     """Indices of the sketches whose photo is in ``selected`` (and ``mask``), the first ``count`` if > 0."""
     keep = np.isin(targets, selected)
@@ -406,6 +452,45 @@ def _digest(items: Sequence[Any]) -> str:
     return hashlib.sha256(json.dumps(list(items), default=str).encode()).hexdigest()
 
 
+def _qmul_rows(index: QmulChairV2Index, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sketch rows of the train, val and test splits (see the module docstring): ``val_size`` of the
+    /train photos held out (seeded), /test sketches as test; the first ``num_train`` / ``num_test`` if > 0."""
+    is_train = np.array(index.splits) == "train"
+    train_photos = np.unique(index.targets[is_train])
+    source = f"{index.coordinates} (training photos)"
+    val_size, seed = int(_option(cfg, "val_size", 0)), int(_option(cfg, "seed", 0))
+    train_idx, val_idx = holdout_split(len(train_photos), val_size, seed, source)
+    test_photos = np.unique(index.targets[~is_train])
+    num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
+    return (
+        _rows(index.targets, train_photos[train_idx.numpy()], num_train, is_train),
+        _rows(index.targets, train_photos[val_idx.numpy()], num_test, is_train),
+        _rows(index.targets, test_photos, num_test, ~is_train),
+    )
+
+
+def _omniglot_rows(index: OmniglotSketchIndex, cfg: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The query rows of the train, val and test splits, by character (see the module docstring)."""
+    n = len(index.photo_ids)
+    fraction = float(_option(cfg, "test_fraction", 0.25))
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {fraction}")
+    if n < 2:
+        raise ValueError(f"{index.folder}: {n} character(s) cannot be split into train and test")
+    num_held = min(max(1, round(n * fraction)), n - 1)
+    seed = int(_option(cfg, "seed", 0))
+    rest, test_chars = train_val_split(n, num_held, split_seed(seed, "test"))
+    train_idx, val_idx = holdout_split(
+        len(rest), int(_option(cfg, "val_size", 0)), seed, f"{index.folder} ({len(rest)} train + val characters)"
+    )
+    num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
+    return (
+        _rows(index.targets, rest[train_idx].numpy(), num_train),
+        _rows(index.targets, rest[val_idx].numpy(), num_test),
+        _rows(index.targets, test_chars.numpy(), num_test),
+    )
+
+
 @register_dataset("qmul_chairv2")
 def build_qmul_chairv2(cfg: Any, data_dir: Path | None) -> DataSplits:
     """QMUL-Chair-V2 partial-sketch -> photo retrieval (see the module docstring for the layout and splits).
@@ -418,39 +503,23 @@ def build_qmul_chairv2(cfg: Any, data_dir: Path | None) -> DataSplits:
         raise ValueError(_MISSING_DIR_MSG.format(name="qmul_chairv2", what=f"{QMUL_CHAIRV2_DIR}/{CHAIRV2_COORDINATES}"))
     index = load_qmul_chairv2_index(data_dir)
     opts = _render_options(cfg)
-    render_key = {
-        "what": "qmul_partials",
-        "source": file_fingerprint(index.coordinates),
-        "steps": opts.steps,
-        "size": opts.size,
-        "line_width": opts.line_width,
-        "frame": list(QMUL_FRAME),
-    }
+    train_rows, val_rows, test_rows = _qmul_rows(index, cfg)  # a bad val_size fails before anything is rendered
     renders = cached_render_stack(
-        render_key,
-        lambda: render_partials_batch(index.sketches, opts.steps, opts.size, opts.line_width, QMUL_FRAME),
+        _qmul_render_key(index, opts),
+        lambda: render_partials_batch(
+            index.sketches, opts.steps, opts.size, opts.line_width, QMUL_FRAME, progress="rendering partials"
+        ),
         opts.cache_dir,
+        what=_rendering(len(index.keys), opts),
+        nbytes=_render_bytes(len(index.keys), opts),
     )
-    photo_key = {
-        "what": "qmul_photos",
-        "size": opts.size,
-        "photos": _digest([(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in index.photo_paths]),
-    }
     photos = cached_render_stack(
-        photo_key, lambda: load_resized_images(index.photo_paths, opts.size).numpy(), opts.cache_dir
+        _qmul_photo_key(index, opts),
+        lambda: load_resized_images(index.photo_paths, opts.size).numpy(),
+        opts.cache_dir,
+        what=f"resizing {len(index.photo_paths):,} photos to {opts.size} px",
+        nbytes=len(index.photo_paths) * 3 * opts.size * opts.size,
     )
-
-    splits = np.array(index.splits)
-    is_train = splits == "train"
-    train_photos = np.unique(index.targets[is_train])
-    source = f"{index.coordinates} (training photos)"
-    val_size, seed = int(_option(cfg, "val_size", 0)), int(_option(cfg, "seed", 0))
-    train_idx, val_idx = holdout_split(len(train_photos), val_size, seed, source)
-    test_photos = np.unique(index.targets[~is_train])
-    num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
-    train_rows = _rows(index.targets, train_photos[train_idx.numpy()], num_train, is_train)
-    val_rows = _rows(index.targets, train_photos[val_idx.numpy()], num_test, is_train)
-    test_rows = _rows(index.targets, test_photos, num_test, ~is_train)
     return DataSplits(
         _dataset(renders, photos, index.targets, train_rows),
         _dataset(renders, photos, index.targets, val_rows),
@@ -472,44 +541,138 @@ def build_omniglot_sketch(cfg: Any, data_dir: Path | None) -> DataSplits:
         raise ValueError(_MISSING_DIR_MSG.format(name="omniglot_sketch", what="omniglot/*_background_small1.zip"))
     index = load_omniglot_sketch_index(data_dir, _option(cfg, "omniglot_subsets", [1]))
     opts = _render_options(cfg)
-    render_key = {
-        "what": "omniglot_partials",
-        "sources": [file_fingerprint(index.folder / OMNIGLOT_SUBSETS[k][1]) for k in index.subsets],
-        "queries": _digest(index.keys),
-        "steps": opts.steps,
-        "size": opts.size,
-        "line_width": opts.line_width,
-        "frame": list(OMNIGLOT_FRAME),
-    }
+    train_rows, val_rows, test_rows = _omniglot_rows(index, cfg)  # bad split settings fail before any rendering
     renders = cached_render_stack(
-        render_key,
+        _omniglot_render_key(index, opts),
         lambda: render_partials_batch(
-            _read_omniglot_queries(index), opts.steps, opts.size, opts.line_width, OMNIGLOT_FRAME
+            _read_omniglot_queries(index),
+            opts.steps,
+            opts.size,
+            opts.line_width,
+            OMNIGLOT_FRAME,
+            progress="rendering partials",
         ),
         opts.cache_dir,
+        what=_rendering(len(index.keys), opts),
+        nbytes=_render_bytes(len(index.keys), opts),
     )
     photos = _omniglot_photos(index, opts.size)
-
-    n = len(index.photo_ids)
-    fraction = float(_option(cfg, "test_fraction", 0.25))
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {fraction}")
-    if n < 2:
-        raise ValueError(f"{index.folder}: {n} character(s) cannot be split into train and test")
-    num_held = min(max(1, round(n * fraction)), n - 1)
-    seed = int(_option(cfg, "seed", 0))
-    rest, test_chars = train_val_split(n, num_held, split_seed(seed, "test"))
-    train_idx, val_idx = holdout_split(
-        len(rest), int(_option(cfg, "val_size", 0)), seed, f"{index.folder} ({len(rest)} train + val characters)"
-    )
-    num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
-    train_rows = _rows(index.targets, rest[train_idx].numpy(), num_train)
-    val_rows = _rows(index.targets, rest[val_idx].numpy(), num_test)
-    test_rows = _rows(index.targets, test_chars.numpy(), num_test)
     return DataSplits(
         _dataset(renders, photos, index.targets, train_rows),
         _dataset(renders, photos, index.targets, val_rows),
         _dataset(renders, photos, index.targets, test_rows),
-        num_classes=n,
+        num_classes=len(index.photo_ids),
         name="omniglot_sketch",
     )
+
+
+# ------------------------------------------------------------------------------------------------ data info
+
+
+def _split_line(targets: np.ndarray, rows: Sequence[np.ndarray], gallery: str) -> str:
+    parts = [
+        f"{name} {len(r):,} sketches of {len(np.unique(targets[r])):,} {gallery}"
+        for name, r in zip(("train", "val", "test"), rows, strict=True)
+    ]
+    return ", ".join(parts)
+
+
+def _cache_lines(opts: _RenderOptions, entries: Sequence[tuple[str, dict[str, Any], int]]) -> list[str]:
+    """One line per cache file a build would use: ``(label, key, bytes)``; says whether it is there already,
+    or how much the first fit / eval would write and whether that is over the cache limit."""
+    from rlattention.cache_limit import CACHE_LIMIT_ENV, cache_limit, format_bytes
+    from rlattention.data.strokes import cache_file
+
+    if opts.cache_dir is None:
+        return ["  render cache: off (data.render_cache): every fit / eval renders in memory, writes nothing"]
+    limit = cache_limit()
+    lines = []
+    for label, key, nbytes in entries:
+        path = cache_file(key, opts.cache_dir)
+        if path.is_file():
+            state = "present (its checksum is checked when it is read)"
+        elif limit is not None and nbytes > limit:
+            state = (
+                f"not written yet; over the cache limit of {format_bytes(limit)}: a fit or eval stops before writing "
+                f"it unless {CACHE_LIMIT_ENV} allows it (or data.render_cache=none)"
+            )
+        else:
+            state = "not written yet: the first fit or eval writes it"
+        lines.append(f"  {label}: {path} (about {format_bytes(nbytes)}), {state}")
+    return lines
+
+
+def describe_qmul_chairv2(cfg: Any, data_dir: str | os.PathLike | None) -> list[str]:
+    """The lines ``rlattention data info qmul_chairv2`` prints: sketches, photos and partial renders per split,
+    from the coordinate pickle and the photo folder's listing alone. Nothing is rendered, decoded or written: the
+    sizes of the render cache files (and of the dataset in memory) are computed from the counts and shapes, and
+    each file is reported present or not."""
+    if data_dir is None:
+        raise ValueError(_MISSING_DIR_MSG.format(name="qmul_chairv2", what=f"{QMUL_CHAIRV2_DIR}/{CHAIRV2_COORDINATES}"))
+    index = load_qmul_chairv2_index(data_dir)
+    opts = _render_options(cfg)
+    is_train = np.array(index.splits) == "train"
+    n, photos = len(index.keys), len(index.photo_ids)
+    lines = [
+        f"qmul_chairv2: {index.coordinates.parent}",
+        f"  {n:,} sketches ({int(is_train.sum()):,} /train, {int((~is_train).sum()):,} /test) of {photos:,} photos "
+        f"({len(np.unique(index.targets[is_train])):,} of /train sketches, "
+        f"{len(np.unique(index.targets[~is_train])):,} of /test)",
+    ]
+    val_size = int(_option(cfg, "val_size", 0))
+    try:
+        rows = _qmul_rows(index, cfg)
+    except ValueError as err:
+        lines.append(f"  splits: not computed: {err}")
+    else:
+        lines.append(f"  splits (by photo, data.val_size={val_size}): {_split_line(index.targets, rows, 'photos')}")
+    lines += _sizes_lines(n, opts, 3 * photos * opts.size * opts.size)
+    lines += _cache_lines(
+        opts,
+        [
+            ("render cache, partials", _qmul_render_key(index, opts), _render_bytes(n, opts)),
+            ("render cache, photos", _qmul_photo_key(index, opts), photos * 3 * opts.size * opts.size),
+        ],
+    )
+    lines.append("  (counted from the files: nothing was rendered, decoded or written)")
+    return lines
+
+
+def describe_omniglot_sketch(cfg: Any, data_dir: str | os.PathLike | None) -> list[str]:
+    """The lines ``rlattention data info omniglot_sketch`` prints: characters and query sketches per split, from
+    the zips' member lists alone (no stroke file is parsed and nothing is rendered or written; sizes are computed
+    from the counts and shapes)."""
+    if data_dir is None:
+        raise ValueError(_MISSING_DIR_MSG.format(name="omniglot_sketch", what="omniglot/*_background_small1.zip"))
+    index = load_omniglot_sketch_index(data_dir, _option(cfg, "omniglot_subsets", [1]))
+    opts = _render_options(cfg)
+    n, chars = len(index.keys), len(index.photo_ids)
+    lines = [
+        f"omniglot_sketch: {index.folder} (subsets {index.subsets})",
+        f"  {n:,} query sketches of {chars:,} characters (each character's first drawing is its gallery photo)",
+    ]
+    try:
+        rows = _omniglot_rows(index, cfg)
+    except ValueError as err:
+        lines.append(f"  splits: not computed: {err}")
+    else:
+        lines.append(
+            f"  splits (by character, data.val_size={int(_option(cfg, 'val_size', 0))}, data.test_fraction="
+            f"{float(_option(cfg, 'test_fraction', 0.25)):g}): {_split_line(index.targets, rows, 'characters')}"
+        )
+    lines += _sizes_lines(n, opts, 3 * chars * opts.size * opts.size)
+    lines += _cache_lines(opts, [("render cache, partials", _omniglot_render_key(index, opts), _render_bytes(n, opts))])
+    lines.append("  (counted from the zips' listings: nothing was rendered, decoded or written)")
+    return lines
+
+
+def _sizes_lines(num_sketches: int, opts: _RenderOptions, photo_bytes: int) -> list[str]:
+    from rlattention.cache_limit import format_bytes
+
+    memory = num_sketches * (opts.steps + 3) * opts.size * opts.size  # every split's images: (N, S + 3, H, W) uint8
+    renders = format_bytes(_render_bytes(num_sketches, opts))
+    return [
+        f"  each sketch: {opts.steps} partial renders (data.completion_steps) at {opts.size} x {opts.size} px "
+        f"(data.image_size): {num_sketches * opts.steps:,} renders, about {renders}; photos about "
+        f"{format_bytes(photo_bytes)}; the splits in memory about {format_bytes(memory)}"
+    ]

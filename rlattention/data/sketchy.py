@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -77,6 +78,7 @@ from rlattention.data.registry import register_dataset
 from rlattention.data.sketch_retrieval import _dataset, _option, _rows
 from rlattention.data.splits import train_val_split
 from rlattention.data.strokes import cached_render_stack, resolve_cache_dir
+from rlattention.progress import progress_bar
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -384,9 +386,11 @@ def _files_digest(paths: Sequence[Path]) -> str:
 def _decoded_stack(
     what: str, paths: Sequence[Path], shape: tuple[int, ...], read: Callable[[Path], np.ndarray], cache_dir: Any
 ) -> tuple[np.ndarray, list[int]]:
-    """``(stack, failed rows)``: uint8 ``(len(paths), *shape)`` of ``read(path)`` (decoded in threads), taken
-    from or stored in the render cache when every file decodes."""
+    """``(stack, failed rows)``: uint8 ``(len(paths), *shape)`` of ``read(path)`` (decoded in threads, with a
+    progress bar), taken from or stored in the render cache when every file decodes (announced first; refused
+    over the cache limit)."""
     out_shape = (len(paths), *shape)
+    noun = what.removeprefix("sketchy_")  # "photos", "sketches"
 
     def build() -> np.ndarray:
         out = np.zeros(out_shape, dtype=np.uint8)
@@ -399,15 +403,20 @@ def _decoded_stack(
             return True
 
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            ok = list(pool.map(decode, range(len(paths))))
+            done = pool.map(decode, range(len(paths)))
+            ok = list(progress_bar(done, desc=f"decoding {noun}", total=len(paths), unit="img"))
         failed = [i for i, good in enumerate(ok) if not good]
         if failed:
             raise _Unreadable(out, failed)
         return out
 
     key = {"what": what, "shape": list(out_shape), "files": _files_digest(paths)}
+    side = "x".join(map(str, shape[1:]))
     try:
-        return cached_render_stack(key, build, cache_dir), []
+        stack = cached_render_stack(
+            key, build, cache_dir, what=f"decoding {len(paths):,} {noun} at {side} px", nbytes=math.prod(out_shape)
+        )
+        return stack, []
     except _Unreadable as err:
         return err.array, err.rows
 

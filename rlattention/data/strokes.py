@@ -40,7 +40,9 @@ the array's bytes, shape and dtype; both are checked on load, and a corrupt, tru
 reported with a warning naming it and rebuilt. Writes go to a temporary file in the same folder and are
 renamed into place (``os.replace``), so a reader never sees half a file. Cache folder: the ``render_cache``
 config value, else ``$RLATTENTION_CACHE``, else ``~/.cache/rlattention``; ``""`` / ``"none"`` disables it
-(:func:`resolve_cache_dir`).
+(:func:`resolve_cache_dir`). Before a file is built, one line on stderr says what, where and about how many
+bytes; a file larger than ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB) is neither built nor written: one line
+says how to allow it (:mod:`rlattention.cache_limit`).
 """
 
 from __future__ import annotations
@@ -375,15 +377,22 @@ def render_partials_batch(
     size: int = 64,
     line_width: float = 2.0,
     frame: Sequence[float] | None = None,
+    progress: str | None = None,
 ) -> np.ndarray:
     """:func:`render_partials` of every sketch: uint8 ``(len(sketches), steps, size, size)``.
 
     frame: one fixed frame for all sketches, or ``None`` for each sketch's own :func:`sketch_frame`.
+    progress: the label of a progress bar over the sketches (:func:`rlattention.progress.progress_bar`: rank 0,
+    on a terminal); ``None``: no bar.
     """
+    from rlattention.progress import progress_bar
+
     _check_render_args(steps, size, line_width, frame)
     out = np.empty((len(sketches), int(steps), int(size), int(size)), dtype=np.uint8)
-    for i, sketch in enumerate(sketches):
-        _render_into(out[i], check_sketch(sketch, f"sketch {i}"), float(line_width), frame)
+    with progress_bar(total=len(sketches), desc=progress or "", unit="sketch", enabled=progress is not None) as bar:
+        for i, sketch in enumerate(sketches):
+            _render_into(out[i], check_sketch(sketch, f"sketch {i}"), float(line_width), frame)
+            bar.update(1)
     return out
 
 
@@ -473,7 +482,12 @@ def _store(path: Path, array: np.ndarray, canonical: str) -> None:
 
 
 def cached_render_stack(
-    key: Mapping[str, Any], build: Callable[[], np.ndarray], cache_dir: str | os.PathLike | None
+    key: Mapping[str, Any],
+    build: Callable[[], np.ndarray],
+    cache_dir: str | os.PathLike | None,
+    *,
+    what: str | None = None,
+    nbytes: int | None = None,
 ) -> np.ndarray:
     """``build()``'s array, stored in and reused from ``cache_dir`` under ``key`` (see the module docstring).
 
@@ -481,10 +495,17 @@ def cached_render_stack(
     parameters, ...); :data:`CACHE_FORMAT_VERSION` is added. cache_dir: the folder, or ``None`` to just call
     ``build``. A cache file that cannot be read or fails its key or checksum check is reported with a
     ``UserWarning`` naming it and rebuilt; a cache that cannot be written is reported and skipped. Never
-    raises for cache problems (``build``'s own errors propagate).
+    raises for cache problems (``build``'s own errors propagate), except the cache limit:
+
+    what / nbytes: what is built (``rendering 1,275 sketches x 17 partials at 224 px``) and the bytes of the
+    array it returns. When the file has to be built, :func:`rlattention.cache_limit.announce_cache_build` says so
+    before ``build`` runs (``nbytes=None``: after it, from the array), or raises
+    :class:`~rlattention.cache_limit.CacheTooLarge` over the cache limit, before anything is built or written.
     """
     if cache_dir is None:
         return build()
+    from rlattention.cache_limit import announce_cache_build
+
     canonical = _canonical_key(key)
     path = cache_file(key, cache_dir)
     if path.is_file():
@@ -492,7 +513,13 @@ def cached_render_stack(
             return _load_cached(path, canonical)
         except Exception as err:  # truncated, flipped bytes, bad json, another key: rebuild
             warnings.warn(f"render cache file {path} is invalid ({err}); rebuilding it", stacklevel=2)
+    what = what or f"building the render cache ({key.get('what', 'arrays')})"
+    off = "turn the render cache off with data.render_cache=none (the arrays are then kept in memory only)"
+    if nbytes is not None:
+        announce_cache_build(what, path, int(nbytes), off)
     array = np.asarray(build())
+    if nbytes is None:
+        announce_cache_build(what, path, int(array.nbytes), off)
     try:
         _store(path, array, canonical)
     except OSError as err:

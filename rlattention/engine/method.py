@@ -54,6 +54,8 @@ class AttentionMethod(nn.Module):
     #: inductor options used when ``trainer.compile`` runs on the CPU: work-arounds for inductor bugs a method's
     #: graph triggers (see :class:`rlattention.methods.dcpg.DCPG`)
     cpu_compile_options: ClassVar[dict[str, Any]] = {}
+    #: why the method draws no figures (``rlattention viz`` prints it in one line), None when it draws some
+    no_figures: ClassVar[str | None] = None
 
     @classmethod
     def from_config(cls, cfg: Any, info: DataInfo) -> AttentionMethod:
@@ -133,8 +135,23 @@ class AttentionMethod(nn.Module):
         return classification_metrics(scores, targets)
 
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):
-        """Write figures for ``images`` into ``out_dir``; return the paths written."""
-        raise NotImplementedError(f"{type(self).__name__} has no visualisation")  # pragma: no cover
+        """Write figures for ``images`` into ``out_dir``; return the paths written. A model that cannot draw
+        (e.g. no attention weights in its configuration) raises ``NotImplementedError`` saying why: ``fit`` then
+        writes no figures, ``rlattention viz`` prints that reason in one line."""
+        raise NotImplementedError(
+            self.visualization_unavailable() or f"{type(self).__name__} has no visualisation"
+        )  # pragma: no cover
+
+    @classmethod
+    def visualization_unavailable(cls) -> str | None:
+        """Why this method draws no figures at all, or None when it draws some: :attr:`no_figures`, else a reason
+        when it overrides neither :meth:`visualize` nor :meth:`visualize_split`. ``rlattention viz`` checks it
+        before building the data."""
+        if cls.no_figures:
+            return cls.no_figures
+        if cls.visualize is AttentionMethod.visualize and cls.visualize_split is AttentionMethod.visualize_split:
+            return f"{cls.__name__} implements neither visualize nor visualize_split"
+        return None
 
     def visualize_split(
         self,

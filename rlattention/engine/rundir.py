@@ -9,6 +9,8 @@
 * symbolic links: the run folder, its ``checkpoints/``, ``logs/``, ``tb/``, ``figures/``, ``config.yaml`` and
   ``report.json`` must not be links (:func:`refuse_links`); :func:`write_text_nofollow` writes without following one.
 * :func:`resolve_resume`: ``--resume`` takes a run folder or any checkpoint file inside it.
+* :func:`write_new_text` and :func:`new_folder`: what ``eval`` and ``viz`` add to a run folder (``eval.json``,
+  ``eval-2.json``...; ``viz``, ``viz-2``...) goes to a new name, never over an existing file or through a link.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -245,6 +248,74 @@ def write_text_nofollow(path: Path, text: str) -> None:
         raise
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+def _numbered(base: Path, k: int) -> Path:
+    """``base`` for k = 1, else ``<stem>-<k><suffix>``: ``eval.json``, ``eval-2.json``...; ``viz``, ``viz-2``..."""
+    return base if k == 1 else base.with_name(f"{base.stem}-{k}{base.suffix}")
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    if _is_link(path):
+        raise RunFolderError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); {what} is never written through a link: remove it"
+        )
+
+
+def write_new_text(path: str | os.PathLike, text: str, numbered: bool = True) -> Path:
+    """Write ``text`` to a new file and return its path: ``path`` if that name is free, else (``numbered``) the
+    first free ``<stem>-2<suffix>``, ``<stem>-3<suffix>``... in the same folder; ``numbered=False``: a
+    :class:`RunFolderError` when ``path`` exists. Never replaces a file: the text is written whole to a temporary
+    file (``fsync``) which is then hard-linked to the new name, and a link fails when the name exists. Never
+    writes through a symbolic link: the folder or a name tried being a link is a :class:`RunFolderError`."""
+    path = Path(path)
+    folder = path.parent
+    _refuse_link(folder, "a result")
+    tmp = folder / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        k = 1
+        while True:
+            target = _numbered(path, k)
+            _refuse_link(target, "a result")
+            try:
+                os.link(tmp, target, follow_symlinks=False)
+                return target
+            except FileExistsError:
+                if not numbered:
+                    raise RunFolderError(f"{target} exists; it is never overwritten: choose another name") from None
+                k += 1
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def new_folder(path: str | os.PathLike, numbered: bool = True) -> Path:
+    """Create and return a new, empty folder: ``path`` if that name is free, else (``numbered``) the first free
+    ``<name>-2``, ``<name>-3``...; ``numbered=False``: ``path`` itself, which may already exist as an empty real
+    folder (a :class:`RunFolderError` when it holds anything or is a link). Its parent must not be a link."""
+    path = Path(path)
+    _refuse_link(path.parent, "a result")
+    k = 1
+    while True:
+        target = _numbered(path, k)
+        _refuse_link(target, "a result")
+        try:
+            os.mkdir(target)
+            return target
+        except FileExistsError:
+            if not numbered:
+                if _occupied(target):
+                    raise RunFolderError(
+                        f"{target} exists and is not an empty folder; nothing in it is overwritten: choose a new or "
+                        "empty folder"
+                    ) from None
+                return target
+            k += 1
 
 
 def find_run_dir(path: str | os.PathLike) -> Path | None:

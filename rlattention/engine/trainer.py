@@ -58,6 +58,7 @@ from rlattention.engine.rundir import (
     resolve_resume,
     write_text_nofollow,
 )
+from rlattention.progress import progress_bar, progress_bars
 
 
 class TrainingDiverged(RuntimeError):
@@ -641,7 +642,7 @@ def _sharded_scores(
     mine = ranges[fabric.global_rank :: fabric.world_size]
     gen = torch.Generator(device=fabric.device).manual_seed(seed)
     fresh = gen.get_state()
-    bar = tqdm(total=len(mine), desc="eval", leave=False, disable=not progress or fabric.global_rank != 0)
+    bar = progress_bar(total=len(mine), desc="eval", unit="batch", enabled=progress and fabric.global_rank == 0)
     try:
         local = _predict_ranges(fabric, model, dataset, mine[:1], 0, gen, bar)  # one batch, then ask every rank
         if _any_rank(fabric, not torch.equal(gen.get_state(), fresh)):
@@ -670,7 +671,8 @@ def evaluate(
     rank computes the metrics of the whole split and gets the numbers of one process (every rank first takes
     rank 0's buffers, e.g. BatchNorm statistics, which the checkpoint holds). Evaluations that draw random
     numbers (``mc_samples > 0``, a random initial glimpse) use one seeded stream across the batches; to keep
-    those numbers identical to one process, every rank then evaluates the whole split."""
+    those numbers identical to one process, every rank then evaluates the whole split. ``progress``: a bar over
+    the batches, on rank 0, on a terminal (:func:`rlattention.progress.progress_bar`)."""
     model = _unwrap(model)
     _sync_buffers(fabric, model)
     was_training = model.training
@@ -683,7 +685,7 @@ def evaluate(
             gen = torch.Generator(device=fabric.device).manual_seed(seed)
             ranges = _eval_ranges(len(dataset), batch_size)
             show = progress and fabric.global_rank == 0
-            with tqdm(total=len(ranges), desc="eval", leave=False, disable=not show) as bar:
+            with progress_bar(total=len(ranges), desc="eval", unit="batch", enabled=show) as bar:
                 scores = torch.cat(_predict_ranges(fabric, model, dataset, ranges, mc_samples, gen, bar))
     finally:
         model.train(was_training)
@@ -717,7 +719,8 @@ def evaluate_under_attack(
     ranges = _eval_ranges(len(dataset), batch_size)
     gen = torch.Generator(device=fabric.device).manual_seed(seed)
     scores = []
-    for i, (a, b) in enumerate(tqdm(ranges, desc="pgd", leave=False, disable=not progress or fabric.global_rank != 0)):
+    bars = progress_bar(ranges, desc="pgd", unit="batch", enabled=progress and fabric.global_rank == 0)
+    for i, (a, b) in enumerate(bars):
         sel = torch.arange(a, b)
         if i % W != r:
             if epsilon > 0:  # pgd_attack's random start: one uniform draw of the batch's shape
@@ -900,7 +903,9 @@ def _train(
     setup = _setup_group(fabric, tc.setup_timeout_minutes)  # None with one process
     fabric.seed_everything(tc.seed, verbose=False)  # same initial weights on every rank
     if splits is None:
-        with _rank_zero_first(setup):  # rank 0 writes any render cache; the others then read it
+        # rank 0 writes any render cache; the others then read it. Cache builds (renders, scenes, frozen features)
+        # show bars on rank 0 on a terminal unless trainer.progress=false
+        with _rank_zero_first(setup), progress_bars(tc.progress):
             splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
     method_cls = get_method(cfg.method)
     # resuming: the model is rebuilt from the checkpoint's weights where a method reads an artifact (darp)
@@ -908,7 +913,8 @@ def _train(
     resume_ckpt = load_checkpoint_file(resume_path) if resume_path is not None else None
     if resume_ckpt is not None:
         check_resumable(resume_ckpt, resume_path)
-    model = build_model(cfg, splits, resume_ckpt["model"] if resume_ckpt is not None else None)
+    with progress_bars(tc.progress):  # on_fit_start: e.g. the frozen-feature caches
+        model = build_model(cfg, splits, resume_ckpt["model"] if resume_ckpt is not None else None)
     if resume_ckpt is not None:  # every weight of the checkpoint fits, or a one-line error naming the keys
         load_model_state(model, resume_ckpt["model"], resume_path)
     del resume_ckpt
@@ -1076,7 +1082,7 @@ def _train(
         progress.wall_time = time.perf_counter() - t_start
         periodic = epoch_finished and (progress.epoch % tc.val_every == 0 or progress.epoch == max_epochs)
         if periodic or done:  # also when max_steps ends training inside an epoch
-            val_metrics = evaluate(fabric, model, splits.val, tc.eval_batch_size, 0, cfg.eval.seed)
+            val_metrics = evaluate(fabric, model, splits.val, tc.eval_batch_size, 0, cfg.eval.seed, tc.progress)
             fabric.log_dict({f"val/{k}": v for k, v in val_metrics.items()}, step=progress.step)
             value = val_metrics[metric_name]
             if progress.best_value is None or better(value, progress.best_value):
@@ -1102,7 +1108,9 @@ def _train(
         load_model_state(raw, load_checkpoint_file(best_path)["model"], best_path)  # all of it, or an error
         raw.set_progress(min(1.0, progress.best_step / max(1, total_steps)))  # the schedules of that checkpoint
     test_split = splits.test if cfg.eval.split == "test" else splits.val
-    test_metrics = evaluate(fabric, model, test_split, tc.eval_batch_size, cfg.eval.mc_samples, cfg.eval.seed)
+    test_metrics = evaluate(
+        fabric, model, test_split, tc.eval_batch_size, cfg.eval.mc_samples, cfg.eval.seed, tc.progress
+    )
     fabric.log_dict({f"{cfg.eval.split}/{k}": v for k, v in test_metrics.items()}, step=progress.step)
     report = {
         "run_dir": str(run_dir),
@@ -1227,9 +1235,12 @@ def evaluate_checkpoint(
     devices: int = 1,
     strategy: str = "auto",
     fabric: Fabric | None = None,
+    record: dict | None = None,
 ) -> dict[str, float]:
     """Evaluate a checkpoint; ``attack={"epsilon", "step_size", "steps"}`` evaluates under PGD instead.
-    limit: evaluate only the first ``limit`` images (0: all).
+    limit: evaluate only the first ``limit`` images (0: all). ``record``: a dict this fills with what the
+    evaluation used (:func:`eval_record`: the checkpoint file, the dataset, its folder, the images evaluated), as
+    ``rlattention eval`` writes it into ``eval.json``.
 
     devices > 1 evaluates with that many processes (``strategy`` "auto" then means "ddp"): each scores its share
     of the batches, the scores are gathered and every process returns the metrics of the whole split, equal to
@@ -1249,7 +1260,24 @@ def evaluate_checkpoint(
         dataset = getattr(splits, split)
         if limit > 0:
             dataset = dataset.subset(torch.arange(min(limit, len(dataset))))
+        if record is not None:
+            record.update(eval_record(path, cfg, data_dir, len(dataset)))
         model = fabric.setup_module(model)
         if attack:
             return evaluate_under_attack(fabric, model, dataset, batch_size, seed=seed, progress=True, **attack)
         return evaluate(fabric, model, dataset, batch_size, mc_samples, seed, progress=True)
+
+
+def eval_record(path: str | Path, cfg: ExperimentConfig, data_dir: str | None, images: int) -> dict[str, Any]:
+    """What an evaluation of checkpoint ``path`` used: the checkpoint file (absolute), the method, the dataset of
+    ``cfg`` (the checkpoint's config, with any data settings replaced), the data folder read (``data_dir``, else
+    the config's ``data.data_dir``, else ``$RLATTENTION_DATA``; ``None`` for built-in data) and the number of
+    images evaluated."""
+    used = resolve_data_dir(data_dir or cfg.data.data_dir)
+    return {
+        "checkpoint": str(_resolve_checkpoint(path).absolute()),
+        "method": cfg.method,
+        "dataset": cfg.data.name,
+        "data_dir": None if used is None else str(used.absolute()),
+        "images": int(images),
+    }

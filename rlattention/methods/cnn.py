@@ -30,6 +30,7 @@ class CNNConfig:
 @register_method("cnn")
 class CNN(AttentionMethod):
     Config = CNNConfig
+    no_figures = "a CNN classifier (a control without attention): no glimpses or attention maps to draw"
 
     def __init__(self, cfg: CNNConfig, info: DataInfo) -> None:
         super().__init__()

@@ -230,6 +230,10 @@ class SketchRetrievalMethod(AttentionMethod):
 @register_method("darp_triplet")
 class TripletNetwork(SketchRetrievalMethod):
     Config = TripletConfig
+    no_figures = (
+        "DARP's phase 1 embeds whole renders and photos and takes no glimpses; the glimpses are drawn by viz of a "
+        "phase-2 (darp) run that reads this run's phase1.safetensors"
+    )
 
     def __init__(self, cfg: TripletConfig, info: DataInfo, load_weights: bool = True) -> None:
         """``load_weights=False``: do not read ``cfg.pretrained`` (the weights come from a checkpoint)."""
@@ -1173,6 +1177,7 @@ class EmbeddingPolicy(SketchRetrievalMethod):
 
     Config = PolicyConfig
     phase1_output = "sketch_features"
+    no_figures = "its policy moves the partial sketches' embeddings, not a glimpse on the image: no attention to draw"
 
     def __init__(self, cfg: PolicyConfig, info: DataInfo, phase1: Phase1) -> None:
         super().__init__()

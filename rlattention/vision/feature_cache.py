@@ -7,6 +7,10 @@ then reads them. Lookup is by content, not by item index: every input image is r
 the batch it comes in), so the method's forward pass stays the same whether an image is cached or
 not; an input that is not in the table (an augmented image, a new dataset) is computed by the network as usual.
 
+Before a file is written, one line on stderr says what, where and about how many bytes (the rows times the
+first batch's output shape and the storage dtype); a file over ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB) stops
+the build after its first batch, writing nothing (:mod:`rlattention.cache_limit`).
+
 On disk: ``<cache_dir>/features/<key>.safetensors`` holding ``keys`` (M,) int64 (sorted) and ``values``
 (M, ...), where ``key`` is a SHA-256 of the network's weights, the preprocessing, the output storage dtype and the
 input images themselves, so a change of any of them makes a new file. The file is written atomically (a
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -149,8 +154,11 @@ class FeatureCache:
         what: str = "features",
     ) -> FeatureCache:
         """Features of every distinct item of ``inputs`` (uint8 ``(N, ...)``), read from ``cache_dir`` if a valid
-        file is there, else computed (with a progress bar) and written there (``cache_dir=None``: memory only).
-        The items of an earlier build stay in the table."""
+        file is there, else computed (with a progress bar: :func:`rlattention.progress.progress_bar`, shown when
+        ``progress``, on rank 0, on a terminal) and written there (``cache_dir=None``: memory only). A file to be
+        written is announced after the first batch, or refused over the cache limit
+        (:class:`~rlattention.cache_limit.CacheTooLarge`, nothing written). The items of an earlier build stay in
+        the table."""
         if inputs.dtype != torch.uint8:
             raise ValueError(f"feature cache inputs must be uint8 images (0..255), got {inputs.dtype}")
         keys = torch.cat([fingerprints(inputs[i : i + 256])[0] for i in range(0, len(inputs), 256)])
@@ -161,28 +169,46 @@ class FeatureCache:
         if loaded is not None and torch.equal(loaded[0], keys):
             values = loaded[1]
         else:
-            values = self._compute(inputs, batch_size, progress, device, what)
+            announce = None if path is None else (lambda shape: self._announce(path, len(keys), shape, what))
+            values = self._compute(inputs, batch_size, progress, device, what, announce)
             if path is not None:
                 _write(path, keys, values)
         self.path = path
         self._merge(keys, values)
         return self
 
-    def _compute(self, inputs: Tensor, batch_size: int, progress: bool, device, what: str) -> Tensor:
-        from tqdm.auto import tqdm
+    def _announce(self, path: Path, rows: int, shape: tuple[int, ...], what: str) -> None:
+        """The announcement (or refusal) of a file of ``rows`` keys (int64) and values ``(rows, *shape)``."""
+        from rlattention.cache_limit import announce_cache_build
+
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        nbytes = rows * (8 + math.prod(shape) * itemsize)
+        dtype = str(self.dtype).removeprefix("torch.")
+        announce_cache_build(
+            f"caching {what} of {rows:,} images ({' x '.join(map(str, shape)) or 'one value'} {dtype} each)",
+            path,
+            nbytes,
+            "keep the features in memory with model.feature_cache=memory (computed at every run, nothing written)",
+        )
+
+    def _compute(self, inputs: Tensor, batch_size: int, progress: bool, device, what: str, announce=None) -> Tensor:
+        """``fn`` of every item, in batches; ``announce(shape)`` is called with the per-item output shape once
+        the first batch is computed, before the others."""
+        from rlattention.progress import progress_bar
 
         if device is None:
             device = next(iter(self.module.parameters()), torch.empty(0)).device
         out: Tensor | None = None
-        bar = tqdm(total=len(inputs), desc=f"caching {what}", unit="img", disable=not progress, leave=False)
-        for start in range(0, len(inputs), batch_size):
-            x = inputs[start : start + batch_size].to(device).float().div_(255.0)
-            y = self.fn(x).to("cpu", self.dtype)
-            if out is None:
-                out = torch.empty((len(inputs), *y.shape[1:]), dtype=self.dtype)
-            out[start : start + len(y)] = y
-            bar.update(len(y))
-        bar.close()
+        with progress_bar(total=len(inputs), desc=f"caching {what}", unit="img", enabled=progress) as bar:
+            for start in range(0, len(inputs), batch_size):
+                x = inputs[start : start + batch_size].to(device).float().div_(255.0)
+                y = self.fn(x).to("cpu", self.dtype)
+                if out is None:
+                    if announce is not None:
+                        announce(tuple(y.shape[1:]))
+                    out = torch.empty((len(inputs), *y.shape[1:]), dtype=self.dtype)
+                out[start : start + len(y)] = y
+                bar.update(len(y))
         assert out is not None
         return out
 
