@@ -596,7 +596,7 @@ def _main(argv: list[str] | None) -> int:
         code = handlers[args.command](args)
         leave_process_group(exit_code=code)  # several processes: every rank ends here, in order (no teardown)
         return code
-    except (ConfigError, CheckpointError, FileNotFoundError, KeyError, ValueError, OSError) as e:
+    except (ConfigError, CheckpointError, FileNotFoundError, KeyError, ValueError, OSError, ModuleNotFoundError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"rlattention {args.command}: error: {msg}", file=sys.stderr)
         return 2

