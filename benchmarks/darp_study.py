@@ -19,6 +19,11 @@ from-scratch phase 1 at 64 px.
 ``*_lr01`` (the policy at a tenth of it), with the better mean best validation AUIR over the seeds (the summary row
 names it in ``selected_from``); ``--rows vanilla_rl`` runs both.
 
+Reward variants (Omniglot, 2026-11-26): ``darp_paper_threshold`` (eq. 5's threshold over training steps) and
+``darp_dense_delta`` (the change in 1/rank), compared with ``darp_rerun``, DARP on the phase-1 artifacts that the
+recorded ``triplet`` commands rebuilt in that session (a rebuild differs from the first artifacts in the last float
+digits); ``darp_dense_percentile`` is defined but was not run.
+
 Records made before the rows were renamed (2026-11-25: ``raster`` -> ``raster_paper12``, ``raster_g4`` ->
 ``raster`` and so on; later ``vanilla_rl`` -> ``vanilla_rl_paperlr``, ``ppo`` -> ``ppo_paperlr``) carry
 ``renamed_from``; their ``command`` is the command that ran, identical in overrides.
@@ -44,7 +49,14 @@ G4 = [
 
 def rows(dataset: str) -> list[Row]:
     if dataset == "chairv2":
-        triplet = Row("triplet", "configs/darp_triplet_chairv2_lite0.yaml", [], "phase 1: frozen Lite0, InfoNCE")
+        triplet = Row(
+            "triplet",
+            "configs/darp_triplet_chairv2_lite0.yaml",
+            [],
+            "phase 1: frozen Lite0, InfoNCE",
+            selection="the last epoch (the recipe's 10 epochs were chosen by 5-fold cross-validation on the training "
+            "sketches; validated once, at epoch 10)",
+        )
         # phase 2 at 224 px costs ~40 s an epoch on one thread (the integral images of 17 x 32 renders a step):
         # 20 epochs (600 steps) instead of the config's 40
         same = [PHASE1, "data.image_size=224", "trainer.epochs=20"]
@@ -88,6 +100,33 @@ def rows(dataset: str) -> list[Row]:
             False,
         ),
         Row("darp_loc10", cfg.format(""), [*g4, "optim.lr_scale.locator=10"], "DARP, locator at 10 x lr", False),
+        # DARP again, on phase-1 artifacts rebuilt by the recorded triplet commands in a later session (they differ
+        # from the first ones in the last float digits, so a variant row is compared with this one, not with darp)
+        Row("darp_rerun", cfg.format(""), g4, "DARP as the darp row, on the rebuilt phase-1 artifacts", False),
+        # the issue's reward variants, each DARP (G4) with one switch: the paper's threshold over training steps
+        # (eq. 5, alpha 0.02, beta -2: rank 1 from the start) instead of the threshold rising over the completion
+        # steps, and the two dense rewards (the change in 1/rank; the rank percentile)
+        Row(
+            "darp_paper_threshold",
+            cfg.format(""),
+            [*g4, "model.eta_schedule=paper"],
+            "DARP, the paper's threshold (eq. 5 over training steps, alpha 0.02, beta -2)",
+            False,
+        ),
+        Row(
+            "darp_dense_delta",
+            cfg.format(""),
+            [*g4, "model.reward=delta_inverse_rank"],
+            "DARP, dense reward: the change in 1/rank",
+            False,
+        ),
+        Row(
+            "darp_dense_percentile",
+            cfg.format(""),
+            [*g4, "model.reward=percentile"],
+            "DARP, dense reward: the rank percentile",
+            False,
+        ),
         *(
             Row(f"{name}{suffix}", cfg.format(f"{name}_"), [*same, *extra], f"{name}, {note}", False)
             for name in ("vanilla_rl", "ppo")
