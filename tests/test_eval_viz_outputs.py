@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import rlattention
 from rlattention.cli import main
@@ -79,7 +80,14 @@ def test_eval_writes_eval_json_and_never_overwrites_it(run: Path, capsys) -> Non
     assert saved["metrics"] == printed  # the names and values the console shows
     assert saved["checkpoint"] == str(ckpt.absolute()) and saved["checkpoint_sha256"] == sha256(ckpt)
     assert (saved["split"], saved["seed"], saved["mc_samples"], saved["attack"]) == ("test", 7, 2, None)
-    assert (saved["method"], saved["dataset"], saved["data_dir"], saved["images"]) == ("ram", "digits", None, 64)
+    # the data folder the evaluation resolved: none for these built-in digits, unless the run or the environment
+    # names one ($RLATTENTION_DATA, as CI sets it; fit records it in the run's config)
+    from rlattention.data.registry import resolve_data_dir
+
+    recorded = yaml.safe_load((run / "config.yaml").read_text())["data"].get("data_dir")
+    folder = resolve_data_dir(recorded)
+    expected = None if folder is None else str(folder.absolute())
+    assert (saved["method"], saved["dataset"], saved["data_dir"], saved["images"]) == ("ram", "digits", expected, 64)
     assert saved["command"] == shlex.join(
         ["rlattention", "eval", str(ckpt), "--json", "--mc-samples", "2", "--seed", "7"]
     )

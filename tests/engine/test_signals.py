@@ -41,6 +41,24 @@ from rlattention.engine.checkpoint import check_resumable, load_checkpoint_file
 from rlattention.engine.rundir import lock_run_dir
 
 STOPS = ("SIGTERM", "SIGHUP", "SIGINT")
+
+
+@pytest.fixture(autouse=True)
+def _default_stop_signals():
+    """The stop signals at their defaults while a test runs, in this process and so in the processes it starts: a
+    suite launched in the background (``nohup``, ``cmd &`` in a script) inherits SIGHUP or SIGINT ignored, and an
+    ignored signal is deliberately left ignored by ``fit`` (``test_an_ignored_signal_stays_ignored``)."""
+    defaults = {
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGHUP: signal.SIG_DFL,
+        signal.SIGINT: signal.default_int_handler,
+    }
+    previous = {sig: signal.signal(sig, handler) for sig, handler in defaults.items()}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 # the fixtures of test_crash_safety.py: the uninterrupted run (computed once for this module too), torch's globals
 reference = test_crash_safety.reference
 _restore_torch_globals = test_crash_safety._restore_torch_globals
