@@ -110,6 +110,11 @@ def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
         return None
     best = max(means, key=lambda n: means[n][0])
     listed = ", ".join(f"{n} {m:.4g} ({k} seeds)" for n, (m, k) in means.items())
+    unrun = [n for n in row.candidates if n not in means]
+    if unrun:  # the choice is only among what ran: say so
+        return best, f"{best}, the only candidate run so far (not yet run: {', '.join(unrun)}); its mean " + (
+            f"{row.select_key} over the seeds: {listed}"
+        )
     return best, f"{best}, chosen on validation: the mean {row.select_key} over the seeds of {listed}"
 
 
@@ -164,6 +169,10 @@ def summarise(
         have = {r["seed"] for r in records if r["row"] == (pick[0] if pick else row.name)}
         if not set(seeds) <= have:
             short.append(f"{row.name} ({len(have & set(seeds))} of {len(seeds)} seeds)")
+        for name in row.candidates:  # a row chosen among candidates is partial while one of them has not run
+            ran = {r["seed"] for r in records if r["row"] == name}
+            if not set(seeds) <= ran:
+                short.append(f"{row.name}'s candidate {name} ({len(ran & set(seeds))} of {len(seeds)} seeds)")
     if short:
         description += "; PARTIAL, not yet run to its budget: " + ", ".join(short)
     doc = {
@@ -191,7 +200,8 @@ def summarise(
         per_seed = ", ".join(f"{x:.1f}" for x in r["metrics"].get(first, []))
         secs = statistics.mean(t for t in r["train_seconds"] if t is not None)
         name = r["name"] if r["issue_row"] else f"_{r['name']}_"
-        note = r["note"] + (f" (= {r['selected_from']}, chosen on validation)" if r.get("selected_from") else "")
+        how = "chosen on validation" if "chosen on validation" in r.get("selection", "") else "the only candidate run"
+        note = r["note"] + (f" (= {r['selected_from']}, {how})" if r.get("selected_from") else "")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {first}: {per_seed} | {secs:.0f} | {note} |")
     lines += ["", "Rows in italics are variants we tried besides the issue's rows.", "", f"Machine: {doc['machine']}."]
     if extra_md:

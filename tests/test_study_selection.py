@@ -68,6 +68,17 @@ def test_a_chosen_row_is_partial_when_its_choice_lacks_seeds_and_absent_without_
     assert doc["rows"] == []
 
 
+def test_a_choice_with_a_candidate_not_yet_run_says_so(study, tmp_path):
+    """Only ``a`` ran: ``pick`` takes its figures, but its selection says no choice was made (``b`` not yet run)
+    and the study is PARTIAL until ``b`` has every seed."""
+    recs = [record("a", s, 0.6, 10.0) for s in (0, 1)]
+    doc = study.summarise("s", rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    pick = next(r for r in doc["rows"] if r["name"] == "pick")
+    assert pick["selected_from"] == "a" and "not yet run: b" in pick["selection"]
+    assert "chosen on validation" not in pick["selection"]
+    assert "pick's candidate b (0 of 2 seeds)" in doc["description"]
+
+
 def test_asking_for_a_chosen_row_runs_its_candidates_and_never_the_row(study, tmp_path, monkeypatch):
     ran = []
 
