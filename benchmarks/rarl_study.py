@@ -97,6 +97,8 @@ ROWS_SPEC: tuple[tuple[str, str, list[str], str, bool], ...] = (
     ),
     ("learned_noentropy", "", ["model.entropy_weight=0.0"], "variant: the map locator without entropy bonus", False),
     ("learned_noinhibit", "", ["model.locator_inhibit=false"], "variant: the map locator, cells may repeat", False),
+    # global pooling trains in 2 s an epoch and was still improving at epoch 12: is it only under-trained?
+    ("global_e100", "_global", ["trainer.epochs=100"], "variant: global pooling trained for 100 epochs", False),
 )
 
 #: The study's metric names -> the keys of ``report.json``'s ``test`` (fractions, reported in percent).
