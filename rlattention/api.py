@@ -30,6 +30,7 @@ import torch
 import yaml
 from torch import Tensor
 
+from rlattention.engine.checkpoint import fsync_folder
 from rlattention.engine.config import EvalConfig, ExperimentConfig, build_config, from_dict, read_config_file, to_dict
 from rlattention.engine.method import AttentionMethod, DataInfo
 from rlattention.engine.registry import get_method
@@ -335,14 +336,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     finally:
         if tmp.is_symlink() or tmp.exists():
             tmp.unlink()
-    try:  # make the rename durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    fsync_folder(path.parent)  # make the rename durable
 
 
 def _encode_state(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -41,16 +41,22 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     finally:
         if tmp.exists():
             tmp.unlink()
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
+    fsync_folder(path.parent)  # make the rename itself durable
+    _remove_stale_temp_files(path)
+    return path
+
+
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Flush ``folder``'s entries to disk, so that a file renamed into it survives a power loss (best effort: a
+    file system that cannot fsync a folder is left as it is)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:
         pass
-    _remove_stale_temp_files(path)
-    return path
 
 
 def _remove_stale_temp_files(path: Path) -> None:
