@@ -138,21 +138,6 @@ def _image_size(cfg: Any) -> int:
     return size
 
 
-def _check_yaml_events(text: str, path: Path) -> None:
-    """Refuse anchors / aliases and nesting (a flat mapping is all an options file holds) before building."""
-    depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        line = event.start_mark.line + 1 if event.start_mark else 0
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            raise FolderFormatError(f"{path}:{line}: YAML anchors and aliases are not allowed (write the values out)")
-        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-            depth += 1
-            if depth > 1:
-                raise FolderFormatError(f"{path}:{line}: expected a flat mapping of options (key: value)")
-        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-            depth -= 1
-
-
 def read_folder_options(root: str | os.PathLike, allowed: dict[str, type | tuple[type, ...]], name: str) -> dict:
     """The options of ``root/dataset.yaml`` (``{}`` without the file): a flat mapping whose keys are those of
     ``allowed`` (key -> accepted types). Raises :class:`FolderFormatError` naming the file and the key."""
@@ -161,11 +146,11 @@ def read_folder_options(root: str | os.PathLike, allowed: dict[str, type | tuple
         return {}
     limits.check_file_size(path, limits.MAX_YAML_BYTES, "options file", FolderFormatError)
     try:
-        text = path.read_text(encoding="utf-8")
-        _check_yaml_events(text, path)
-        data = yaml.safe_load(text)
+        data = limits.safe_load_limited(path.read_text(encoding="utf-8"))  # no anchors or aliases, bounded depth
     except UnicodeDecodeError as err:
         raise FolderFormatError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except limits.YamlLimitError as err:
+        raise FolderFormatError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         raise FolderFormatError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if data is None:

@@ -50,6 +50,8 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import yaml
+
 __all__ = [
     "MAX_ARCHIVE_MEMBERS",
     "MAX_ARCHIVE_TOTAL_BYTES",
@@ -63,6 +65,7 @@ __all__ = [
     "MAX_YAML_BYTES",
     "MAX_YAML_DEPTH",
     "RATIO_CHECK_BYTES",
+    "YamlLimitError",
     "InputLimitError",
     "check_archive",
     "check_count",
@@ -70,6 +73,7 @@ __all__ = [
     "check_side",
     "gunzip_limited",
     "read_member",
+    "safe_load_limited",
 ]
 
 _MIB = 1 << 20
@@ -250,3 +254,48 @@ def read_member(
     if len(data) > info.file_size:  # not reached with zipfile, which stops at the declared size
         _fail(error, f"{source}: zip member holds more than its declared {_size(info.file_size)}")
     return data
+
+
+# ------------------------------------------------------------------------------------------------- YAML
+class YamlLimitError(yaml.YAMLError):
+    """YAML refused by :class:`_LimitedLoader`: an alias or anchor, or nesting deeper than
+    :data:`MAX_YAML_DEPTH`."""
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses anchors and aliases (``&a`` / ``*a``: their expansion can be exponential,
+    the "billion laughs") at the first one met, and mappings / lists nested deeper than ``MAX_YAML_DEPTH``;
+    both before anything is built from them."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        line = event.start_mark.line + 1 if event.start_mark else 0
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            kind = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
+            raise YamlLimitError(
+                f"line {line}: YAML {kind} '{'*' if kind == 'alias' else '&'}{event.anchor}' refused "
+                "(anchors and aliases are not allowed in config files: write the values out)"
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YamlLimitError(
+                    f"line {line}: nested more than {MAX_YAML_DEPTH} levels deep "
+                    "(MAX_YAML_DEPTH, rlattention.data.limits)"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def safe_load_limited(text: str) -> Any:
+    """``yaml.safe_load`` with :class:`_LimitedLoader` (no aliases, bounded depth)."""
+    loader = _LimitedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()

@@ -164,50 +164,6 @@ def _explain(exc: OmegaConfBaseException, schema: DictConfig, source: str, liter
     return ConfigError(f"{source}: {first}")
 
 
-class YamlLimitError(yaml.YAMLError):
-    """YAML refused by :class:`_LimitedLoader`: an alias or anchor, or nesting deeper than
-    :data:`rlattention.data.limits.MAX_YAML_DEPTH`."""
-
-
-class _LimitedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses anchors and aliases (``&a`` / ``*a``: their expansion can be exponential,
-    the "billion laughs") at the first one met, and mappings / lists nested deeper than ``MAX_YAML_DEPTH``;
-    both before anything is built from them."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        line = event.start_mark.line + 1 if event.start_mark else 0
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-            kind = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
-            raise YamlLimitError(
-                f"line {line}: YAML {kind} '{'*' if kind == 'alias' else '&'}{event.anchor}' refused "
-                "(anchors and aliases are not allowed in config files: write the values out)"
-            )
-        self._depth += 1
-        try:
-            if self._depth > limits.MAX_YAML_DEPTH:
-                raise YamlLimitError(
-                    f"line {line}: nested more than {limits.MAX_YAML_DEPTH} levels deep "
-                    "(MAX_YAML_DEPTH, rlattention.data.limits)"
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _safe_load(text: str) -> Any:
-    """``yaml.safe_load`` with :class:`_LimitedLoader` (no aliases, bounded depth)."""
-    loader = _LimitedLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -218,10 +174,10 @@ def _read_yaml(path: Path) -> dict:
             "(MAX_YAML_BYTES, rlattention.data.limits)"
         )
     try:
-        data = _safe_load(path.read_text(encoding="utf-8"))
+        data = limits.safe_load_limited(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected a YAML config") from None
-    except YamlLimitError as e:
+    except limits.YamlLimitError as e:
         raise ConfigError(f"{path}: {e}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to parse") from None
@@ -241,7 +197,7 @@ def parse_overrides(overrides: list[str]) -> dict:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. model.num_glimpses=8)")
         key, value = item.split("=", 1)
         try:
-            parsed = _safe_load(value) if value != "" else ""
+            parsed = limits.safe_load_limited(value) if value != "" else ""
         except (yaml.YAMLError, RecursionError):  # also aliases and deep nesting: kept as the plain string
             parsed = value
         out[key.strip()] = parsed

@@ -269,7 +269,7 @@ FOLDER_CASES = {
     "yaml alias": (
         _bad_yaml("a: &x 3\nchannels: *x\n"),
         FolderFormatError,
-        r"dataset.yaml:1: YAML anchors and aliases are not allowed",
+        r"dataset.yaml: line 1: YAML anchor '&x' refused",
     ),
 }
 
