@@ -64,6 +64,20 @@ ROWS = [
         "agents by the gradient of the critic (J_cri = -V), the critic trained on the explored passes",
         False,
     ),
+    Row(
+        "sc_critic_cw03",
+        "configs/scal_omniglot.yaml",
+        [*EXPLORE, "model.agent_gradient=critic", "model.critic_weight=0.3"],
+        "sc_critic with the critic's pull on the agents (J_cri) weighted 0.3 instead of 1",
+        False,
+    ),
+    Row(
+        "sc_critic_adv",
+        "configs/scal_omniglot.yaml",
+        [*EXPLORE, "model.agent_gradient=critic", "model.critic_target=advantage"],
+        "sc_critic with the critic trained on the gain of each explored pass over the agents' own maps (R_e - R_0)",
+        False,
+    ),
     Row("critic_onpolicy", "configs/scal_omniglot.yaml", [], "the paper's critic: the agents' own maps only", False),
 ]
 
