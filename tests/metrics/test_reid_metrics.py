@@ -1,7 +1,7 @@
 """Re-identification metrics (Market-1501 protocol): the vectorised ``reid_metrics`` against the per-query
 reference on many random cases (junk, distractors, same-camera images, ties, skipped queries, several dtypes,
 chunkings and thread counts), both against hand-computed CMC/AP values and a pure-Python sort, the argument
-checks, ``pairwise_distances`` and the ``reid`` benchmark in quick mode."""
+checks and ``pairwise_distances`` (the ``reid`` speed benchmark: tests/benchmarks/test_speed_benchmarks.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from rlattention.bench import run_benchmarks
 from rlattention.metrics.reid import pairwise_distances, reid_metrics, reid_metrics_reference
 
 KEYS = ["rank1", "rank5", "rank10", "mAP", "num_queries", "num_skipped"]
@@ -308,21 +307,3 @@ def test_metrics_from_features_end_to_end():
     out = reid_metrics(pairwise_distances(q, gal), qp, gp, qc, gc)
     assert out == {"rank1": 100.0, "rank5": 100.0, "rank10": 100.0, "mAP": 100.0, "num_queries": 5, "num_skipped": 0}
     assert math.isclose(reid_metrics(pairwise_distances(q, gal, "cosine"), qp, gp, qc, gc)["mAP"], 100.0)
-
-
-# --------------------------------------------------------------------------------------- benchmark
-
-
-def test_reid_benchmark_quick(tmp_path):
-    results = run_benchmarks(["reid"], tmp_path, threads=1, quick=True)
-    r = results["reid"]
-    s = r["settings"]
-    assert (s["queries"], s["gallery"], s["identities"]) == (269, 1272, 60)
-    assert not s["reference_extrapolated"] and s["reference_queries"] == s["queries"]
-    assert r["reference_equal"] and r["reference_max_abs_diff"] <= 1e-9
-    for key in ("distances_s", "metrics_s", "reference_s"):
-        assert r[key] > 0
-    assert r["metrics"]["num_queries"] + r["metrics"]["num_skipped"] == s["queries"]
-    assert r["meets_target"] == (r["metrics_s"] <= r["targets"]["metrics_s_max"])
-    assert (tmp_path / "reid.md").read_text().startswith("### reid")
-    assert (tmp_path / "reid.json").is_file()

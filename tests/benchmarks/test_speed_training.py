@@ -7,8 +7,7 @@ import json
 import math
 
 import pytest
-
-from rlattention.bench import (
+from speed import (
     BENCHMARKS,
     SUMMARY_ROWS,
     TRAINING_CASES,
@@ -17,6 +16,7 @@ from rlattention.bench import (
     summary_markdown,
     summary_rows,
 )
+
 from rlattention.engine.registry import available_methods
 
 CHEAP = ["ram", "scal"]

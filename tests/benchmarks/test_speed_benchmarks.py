@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-
-from rlattention.bench import run_benchmarks
+from speed import run_benchmarks
 
 
 def test_sensor_benchmark_writes_json_and_markdown(tmp_path):
@@ -81,3 +81,49 @@ def test_retrieval_benchmark_matches_the_public_loop(tmp_path):
     m = r["metrics"]
     assert m["rsum"] == m["i2t_r1"] + m["i2t_r5"] + m["i2t_r10"] + m["t2i_r1"] + m["t2i_r5"] + m["t2i_r10"]
     assert (tmp_path / "retrieval.md").read_text().startswith("### retrieval")
+
+
+def test_reid_benchmark_quick(tmp_path):
+    results = run_benchmarks(["reid"], tmp_path, threads=1, quick=True)
+    r = results["reid"]
+    s = r["settings"]
+    assert (s["queries"], s["gallery"], s["identities"]) == (269, 1272, 60)
+    assert not s["reference_extrapolated"] and s["reference_queries"] == s["queries"]
+    assert r["reference_equal"] and r["reference_max_abs_diff"] <= 1e-9
+    for key in ("distances_s", "metrics_s", "reference_s"):
+        assert r[key] > 0
+    assert r["metrics"]["num_queries"] + r["metrics"]["num_skipped"] == s["queries"]
+    assert r["meets_target"] == (r["metrics_s"] <= r["targets"]["metrics_s_max"])
+    assert (tmp_path / "reid.md").read_text().startswith("### reid")
+    assert (tmp_path / "reid.json").is_file()
+
+
+# ------------------------------------------------------------------------------------ `rlattention bench` entry
+
+
+def test_cli_bench_is_a_thin_entry(tmp_path, capsys):
+    from rlattention.cli import main
+
+    assert main(["bench", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown benchmark(s) nope" in capsys.readouterr().err
+    assert main(["bench", "sketch_ranks", "--threads", "1", "--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "sketch_ranks.json").is_file() and (tmp_path / "sketch_ranks.md").is_file()
+
+
+def test_cli_bench_without_a_checkout_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    """An installed wheel has no benchmarks/ beside the package: one line saying so, exit code 2."""
+    import rlattention.cli as cli
+
+    fake = tmp_path / "site-packages" / "rlattention" / "cli.py"
+    monkeypatch.setattr(cli, "__file__", str(fake))
+    assert cli.main(["bench", "sensor", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "source checkout" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_benchmark_module_is_registered():
+    import speed
+
+    modules = sorted(p.stem for p in Path(speed.__file__).parent.glob("*.py"))
+    assert sorted(speed.BENCHMARKS) == sorted(set(modules) - {"__init__", "common", "runner"})
