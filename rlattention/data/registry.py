@@ -1,9 +1,12 @@
 """Dataset registry: ``name -> builder(cfg, data_dir) -> DataSplits``.
 
-A reader or generator registers itself with :func:`register_dataset`; the engine only calls
-:func:`build_dataset`, so a new dataset is one function and one decorator. A user's own datasets register the same
-way from a plugin module (package entry points of the group ``rlattention.datasets`` or ``$RLATTENTION_IMPORT``:
-:mod:`rlattention.plugins`, ``docs/own-data.md``), imported when names are first resolved or listed.
+A reader or generator registers itself with ``@register_dataset(name)`` when its module is imported; the engine
+only calls :func:`build_dataset`, so a new dataset is one function and one decorator. This module imports no reader
+(imports point downwards only): the built-in ones are imported by ``rlattention/data/__init__.py``, which runs before
+any module of ``rlattention.data``, this one included (as ``timm.models`` imports its models). A user's own
+datasets register the same way from a plugin module (package entry points of the group ``rlattention.datasets`` or
+``$RLATTENTION_IMPORT``: :mod:`rlattention.plugins`, ``docs/own-data.md``), imported when names are first resolved
+or listed.
 """
 
 from __future__ import annotations
@@ -56,21 +59,4 @@ def build_dataset(name: str, cfg: Any, data_dir: str | os.PathLike | None = None
 
 
 def _import_all() -> None:
-    # Importing the modules runs their @register_dataset decorators; then the user's own (rlattention.plugins).
-    from rlattention.data import (  # noqa: F401
-        cifar,
-        coco,
-        digits,
-        folders,
-        image_text,
-        mnist,
-        multilabel_digits,
-        reid,
-        sequences,
-        sketch_retrieval,
-        sketchy,
-        svhn,
-        voc,
-    )
-
-    load_plugins("datasets")
+    load_plugins("datasets")  # the user's own datasets; the built-in ones came with rlattention/data/__init__.py

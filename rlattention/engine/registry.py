@@ -1,15 +1,16 @@
 """Method registry: ``name -> AttentionMethod subclass``.
 
-Methods live above the engine (``rlattention.methods``) and register themselves on import; the engine
-looks them up by name, so a new method is one module and one config, not a new trainer. A user's own methods
-register the same way from a plugin module (package entry points of the group ``rlattention.methods`` or
-``$RLATTENTION_IMPORT``: :mod:`rlattention.plugins`, ``docs/own-data.md``), imported when names are first resolved
-or listed.
+Methods live above the engine (``rlattention.methods``) and register themselves with ``@register_method(name)``
+when their module is imported; the engine looks them up by name, so a new method is one module and one config, not
+a new trainer. This module imports no method (imports point downwards only): the built-in ones are imported by
+``rlattention/methods/__init__.py``, which ``import rlattention`` runs (as ``import timm`` registers every timm
+model). A user's own methods register the same way from a plugin module (package entry points of the group
+``rlattention.methods`` or ``$RLATTENTION_IMPORT``: :mod:`rlattention.plugins`, ``docs/own-data.md``), imported when
+names are first resolved or listed.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from rlattention.plugins import load_plugins
@@ -32,8 +33,7 @@ def register_method(name: str):
 
 
 def _load_all() -> None:
-    importlib.import_module("rlattention.methods")  # runs every @register_method
-    load_plugins("methods")  # then the user's own (entry points, $RLATTENTION_IMPORT)
+    load_plugins("methods")  # the user's own methods; the built-in ones came with `import rlattention`
 
 
 def available_methods() -> list[str]:
