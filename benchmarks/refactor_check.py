@@ -222,6 +222,15 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _note(x: Any, y: Any) -> str:
+    """The size of a numeric change, and whether it is a change of unit (a fraction now in percent: x100)."""
+    if not (isinstance(x, int | float) and isinstance(y, int | float)) or isinstance(x, bool):
+        return ""
+    if x != 0 and math.isclose(y, 100 * x, rel_tol=1e-12):
+        return "  (x100: a fraction now in percent)"
+    return f"  (delta {y - x:+.3g})"
+
+
 def diff(before: dict, after: dict) -> list[str]:
     """One line per difference in the methods' entries (metrics, steps, checksums); [] when identical."""
     a, b = _flatten(before.get("methods", {})), _flatten(after.get("methods", {}))
@@ -233,8 +242,7 @@ def diff(before: dict, after: dict) -> list[str]:
             lines.append(f"- {key}: {a[key]!r} (only before)")
         elif not _same(a[key], b[key]):
             x, y = a[key], b[key]
-            delta = f"  (delta {y - x:+.3g})" if isinstance(x, float) and isinstance(y, float) else ""
-            lines.append(f"~ {key}: {x!r} -> {y!r}{delta}")
+            lines.append(f"~ {key}: {x!r} -> {y!r}{_note(x, y)}")
     return lines
 
 
