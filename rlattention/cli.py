@@ -276,15 +276,9 @@ def _evaluate_on_data(args, attack: dict | None, record: dict) -> dict:
 
     from rlattention.engine.checkpoint import load_checkpoint_file
     from rlattention.engine.config import from_dict
-    from rlattention.engine.trainer import (
-        _build_for_eval,
-        _collectives_fail_clearly,
-        _eval_fabric,
-        _resolve_checkpoint,
-        eval_record,
-        evaluate,
-        evaluate_under_attack,
-    )
+    from rlattention.engine.distributed import _collectives_fail_clearly
+    from rlattention.engine.evaluate import evaluate, evaluate_under_attack
+    from rlattention.engine.loading import _build_for_eval, _eval_fabric, _resolve_checkpoint, eval_record
 
     ckpt = load_checkpoint_file(_resolve_checkpoint(args.checkpoint))
     source = f"{args.checkpoint} (config with --data/overrides)"
@@ -308,7 +302,7 @@ def _evaluate_on_data(args, attack: dict | None, record: dict) -> dict:
 
 
 def _eval(args) -> int:
-    from rlattention.engine.trainer import evaluate_checkpoint
+    from rlattention.engine.loading import evaluate_checkpoint
 
     started = time.time()
     attack = None
@@ -425,8 +419,8 @@ def _viz(args) -> int:
     import torch
 
     from rlattention.engine.checkpoint import load_checkpoint_file
+    from rlattention.engine.loading import _build_for_eval, _resolve_checkpoint
     from rlattention.engine.registry import get_method
-    from rlattention.engine.trainer import _build_for_eval, _resolve_checkpoint
 
     ckpt = _resolve_checkpoint(args.checkpoint)
     state = load_checkpoint_file(ckpt)
@@ -588,13 +582,9 @@ def _main(argv: list[str] | None) -> int:
     from rlattention.data.registry import _import_all  # noqa: F401  (register datasets early)
     from rlattention.engine.checkpoint import CheckpointError
     from rlattention.engine.config import ConfigError
-    from rlattention.engine.trainer import (
-        CollectiveTimeout,
-        TrainingDiverged,
-        TrainingInterrupted,
-        leave_after_collective_failure,
-        leave_process_group,
-    )
+    from rlattention.engine.distributed import CollectiveTimeout, leave_after_collective_failure, leave_process_group
+    from rlattention.engine.signals import TrainingInterrupted
+    from rlattention.engine.trainer import TrainingDiverged
 
     handlers = {"fit": _fit, "eval": _eval, "viz": _viz, "data": _data, "bench": _bench, "backbones": _backbones}
     try:

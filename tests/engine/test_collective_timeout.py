@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from rlattention.engine import trainer
 from rlattention.engine.config import ConfigError, load_config
-from rlattention.engine.trainer import CollectiveTimeout, _collective_failure, _make_fabric, _strategy
+from rlattention.engine.distributed import CollectiveTimeout, _collective_failure, _strategy
+from rlattention.engine.trainer import _make_fabric
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ("trainer.collective_timeout_minutes", "trainer.setup_timeout_minutes")

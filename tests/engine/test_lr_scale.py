@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlattention.engine.config import ConfigError, OptimConfig, from_dict, load_config, to_dict
-from rlattention.engine.trainer import make_optimizer
+from rlattention.engine.optim import make_optimizer
 
 
 def _net() -> nn.Module:

@@ -18,8 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from rlattention.data.base import ArrayDataset
+from rlattention.engine.distributed import leave_process_group
+from rlattention.engine.evaluate import evaluate, evaluate_under_attack
+from rlattention.engine.loading import evaluate_checkpoint
 from rlattention.engine.method import AttentionMethod, StepOutput
-from rlattention.engine.trainer import evaluate, evaluate_checkpoint, evaluate_under_attack, leave_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"

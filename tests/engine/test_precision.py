@@ -276,7 +276,7 @@ def _metrics_close(name: str, m32: dict, m16: dict) -> dict[str, float]:
 def test_evaluation_in_bf16_matches_fp32(name, phase1_path):
     from lightning.fabric import Fabric
 
-    from rlattention.engine.trainer import evaluate
+    from rlattention.engine.evaluate import evaluate
 
     case = build(name, phase1_path)
     model = case.model.eval()
