@@ -69,6 +69,7 @@ class TrainerConfig:
     val_every: int = 1  # epochs between validations
     checkpoint_every: int = 0  # also save `last` every this many steps (0: at epoch ends only)
     progress: bool = True
+    wandb: str = ""  # a W&B project: also log there (offline unless $WANDB_MODE; pip install "rlattention[wandb]")
     deterministic: bool = False  # torch.use_deterministic_algorithms
     sampler: str = "random"  # random: shuffled batches | pk: P identities x K images per batch (re-id, metric learning)
     pk_instances: int = 4  # K of the pk sampler; batch_size must be a multiple of it

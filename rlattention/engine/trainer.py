@@ -46,7 +46,7 @@ from rlattention.engine.distributed import (  # noqa: F401  (re-exported: the na
 from rlattention.engine.evaluate import evaluate, evaluate_under_attack  # noqa: F401  (evaluate_under_attack: re-export)
 from rlattention.engine.loader import BatchLoader
 from rlattention.engine.loading import evaluate_checkpoint, load_for_eval  # noqa: F401  (re-exported)
-from rlattention.engine.loggers import make_loggers, truncate_metrics_csv
+from rlattention.engine.loggers import final_metrics, log_figures, log_hparams, make_loggers, truncate_metrics_csv
 from rlattention.engine.method import AttentionMethod, DataInfo
 from rlattention.engine.optim import make_optimizer, make_scheduler
 from rlattention.engine.registry import get_method
@@ -132,7 +132,7 @@ def _make_fabric(cfg: ExperimentConfig, run_dir: Path | None, resume: bool = Fal
         strategy=_strategy(tc.strategy, tc.devices, tc.collective_timeout_minutes),
         precision=tc.precision,
         plugins=[AtomicCheckpointIO()],
-        loggers=make_loggers(run_dir, resume),
+        loggers=make_loggers(run_dir, resume, tc.wandb, to_dict(cfg)),
     )
 
 
@@ -562,11 +562,14 @@ class Trainer:
         }
         if fabric.global_rank == 0:
             refuse_links(self.run_dir)  # figures/ and report.json: never written through a link planted meanwhile
-            report["figures"] = [str(path) for path in self._figures(test_split)]
+            figures = self._figures(test_split)
+            report["figures"] = [str(path) for path in figures]
             self.raw.eval()
             report["artifacts"] = [str(path) for path in self.raw.export(self.splits, self.run_dir)]
             refuse_links(self.run_dir)
             write_text_nofollow(self.run_dir / "report.json", json.dumps(report, indent=2))
+            log_figures(fabric.loggers, figures, p.step)  # TensorBoard (and W&B) get the figures, the config
+            log_hparams(fabric.loggers, to_dict(cfg), final_metrics(report, cfg.eval.split, self.metric_name), p.step)
         if self.setup_group is not None:  # the others wait for rank 0's figures and artifacts (an export: minutes)
             self.setup_group.barrier()
         for logger in fabric.loggers:
