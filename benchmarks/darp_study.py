@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import sys
 
-from study import Row, main
+from study import SKETCH_FRACTIONS, Row, main
 
 PHASE1 = "model.phase1={work}/triplet_s{seed}/phase1.safetensors"
 G4 = [
@@ -170,12 +170,12 @@ def rows(dataset: str) -> list[Row]:
 def metrics(report: dict) -> dict[str, float]:
     t = report["test"]
     return {
-        "auir": 100 * t["auir"],
-        "acc@1": 100 * t["acc@1_steps"],
-        "acc@5": 100 * t["acc@5_steps"],
-        "acc@10": 100 * t["acc@10_steps"],
+        "auir": t["auir"],
+        "acc@1": t["acc@1_steps"],
+        "acc@5": t["acc@5_steps"],
+        "acc@10": t["acc@10_steps"],
         "mean_rank": t["mean_rank_steps"],
-        "acc@5_complete": 100 * t["acc@5"],
+        "acc@5_complete": t["acc@5"],
     }
 
 
@@ -192,5 +192,6 @@ if __name__ == "__main__":
             sys.argv[2:],
             script=f"python benchmarks/darp_study.py {name}",
             primary="auir",
+            fraction_keys=SKETCH_FRACTIONS,
         )
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from study import ROOT, Row, main
+from study import ROOT, SKETCH_FRACTIONS, Row, main
 
 STUDY = "sbir_backbones"
 LITE = "configs/darp_triplet_chairv2_lite0.yaml"  # the Lite recipe; rows swap the backbone and input size
@@ -119,7 +119,7 @@ ROWS = [
 
 def metrics(report: dict) -> dict[str, float]:
     t = report["test"]
-    return {k: 100.0 * t[k] for k in ("acc@1", "acc@5", "acc@10")}
+    return {k: t[k] for k in ("acc@1", "acc@5", "acc@10")}
 
 
 def cache_note(doc: dict) -> str:
@@ -149,5 +149,6 @@ if __name__ == "__main__":
             sys.argv[1:],
             extra_md=cache_note,
             primary="acc@5",
+            fraction_keys=SKETCH_FRACTIONS,
         )
     )

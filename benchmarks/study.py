@@ -66,6 +66,28 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
+#: the sketch-retrieval metrics (darp) that reports held as fractions before they said their units
+SKETCH_FRACTIONS = ("auir", "percentile", *(f"acc@{k}{s}" for k in (1, 5, 10) for s in ("", "_steps")))
+
+
+def in_percent(report: dict, fraction_keys: Sequence[str]) -> dict:
+    """``report`` (a ``report.json``) with its metrics in percent, as every report written since it says
+    ``"units": "percent"`` holds them. A report without ``units`` was written when some methods reported fractions
+    in [0, 1]: its ``fraction_keys`` in every split section (``val``, ``test``) and its ``best_val_<key>`` come
+    back times 100. A new dict: the record on disk is never rewritten."""
+    if report.get("units") == "percent" or not fraction_keys:
+        return report
+    out = dict(report)
+    for section in ("val", "test"):
+        if isinstance(out.get(section), dict):
+            out[section] = {k: 100.0 * v if k in fraction_keys else v for k, v in out[section].items()}
+    for key in fraction_keys:
+        if f"best_val_{key}" in out and out[f"best_val_{key}"] is not None:
+            out[f"best_val_{key}"] = 100.0 * out[f"best_val_{key}"]
+    out["units"] = "percent"
+    return out
+
+
 def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
     """``rlattention fit`` of one row and seed in ``work/<row>_s<seed>``; returns its record."""
     run_name = f"{row.name}_s{seed}"
@@ -220,7 +242,11 @@ def main(
     extra_md: Callable[[dict], str] | None = None,
     script: str | None = None,
     primary: str | None = None,
+    fraction_keys: Sequence[str] = (),
 ) -> int:
+    """Run the study's rows and seeds not yet recorded and write its summary. ``fraction_keys``: the metrics that
+    this study's reports held as fractions before reports said their units (see :func:`in_percent`); every record's
+    report is read through :func:`in_percent`, so ``metrics`` always sees percentages."""
     ap = argparse.ArgumentParser(description=f"study {study}: {description}")
     ap.add_argument("--data-dir")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(default_seeds))
@@ -256,8 +282,8 @@ def main(
                 rec = run_one(row, seed, args.data_dir, work, args.threads, args.overrides)
                 with log.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
-                print(f"[{study}] {row.name} seed {seed}: {metrics(rec['report'])}", flush=True)
-    records = _records(log)
+                print(f"[{study}] {row.name} seed {seed}: {metrics(in_percent(rec['report'], fraction_keys))}")
+    records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in _records(log)]
     doc = summarise(study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds)
     if extra_md is not None:
         summarise(study, rows, records, metrics, description, command, out, extra_md(doc), primary, default_seeds)

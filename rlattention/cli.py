@@ -227,24 +227,26 @@ def _fit(args) -> int:
 
 
 def _format_metrics(m: dict) -> str:
-    """``accuracy 97.90% (error 2.10%)`` for classification, ``mAP 61.2%, CF1 ...`` for multi-label."""
+    """One line of a split's metrics, every percentage with 2 decimals as in report.json (which holds the same
+    numbers): ``accuracy 97.90% (error 2.10%)`` for classification, ``rank-1 ..., mAP ...`` for re-id, recalls
+    and rsum for image-text retrieval, ``mAP 61.20%, CF1 ...`` for multi-label and sketch retrieval."""
     if "accuracy" in m:
-        return f"accuracy {100 * m['accuracy']:.2f}% (error {m['error']:.2f}%)"
-    if "rank1" in m and "mAP" in m:  # re-identification: CMC and mAP are already percentages
-        cmc = ", ".join(f"rank-{k[4:]} {m[k]:.1f}%" for k in m if k.startswith("rank") and k[4:].isdigit())
+        return f"accuracy {m['accuracy']:.2f}% (error {m['error']:.2f}%)"
+    if "rank1" in m and "mAP" in m:
+        cmc = ", ".join(f"rank-{k[4:]} {m[k]:.2f}%" for k in m if k.startswith("rank") and k[4:].isdigit())
         return (
-            f"{cmc}, mAP {m['mAP']:.1f}% ({int(m.get('num_queries', 0))} queries, {int(m.get('num_skipped', 0))} "
+            f"{cmc}, mAP {m['mAP']:.2f}% ({int(m.get('num_queries', 0))} queries, {int(m.get('num_skipped', 0))} "
             f"skipped, gallery {int(m.get('gallery', 0))})"
         )
-    if "rsum" in m:  # image-text retrieval: recalls are already percentages, ranks are 1-based
-        recalls = ", ".join(f"{k} {m[k]:.1f}" for k in m if k[4:] in ("r1", "r5", "r10"))
-        return f"{recalls}, rsum {m['rsum']:.1f}, medr {m['i2t_medr']:g}/{m['t2i_medr']:g} (i2t/t2i)"
-    counts = ("count", "gallery", "mean_rank", "mean_rank_steps", "images")  # not fractions
-    text = ", ".join(f"{k} {100 * v:.1f}%" for k, v in m.items() if k not in counts)
+    if "rsum" in m:  # image-text retrieval: recalls in percent, rsum their sum (0-600), ranks 1-based
+        recalls = ", ".join(f"{k} {m[k]:.2f}%" for k in m if k[4:] in ("r1", "r5", "r10"))
+        return f"{recalls}, rsum {m['rsum']:.2f}, medr {m['i2t_medr']:g}/{m['t2i_medr']:g} (i2t/t2i)"
+    counts = ("count", "gallery", "mean_rank", "mean_rank_steps", "images")  # not percentages
+    text = ", ".join(f"{k} {v:.2f}%" for k, v in m.items() if k not in counts)
     if "mean_rank" in m:
-        text += f", mean rank {m['mean_rank']:.1f} of {int(m.get('gallery', 0))}"
+        text += f", mean rank {m['mean_rank']:.2f} of {int(m.get('gallery', 0))}"
     if "mean_rank_steps" in m:
-        text += f" ({m['mean_rank_steps']:.1f} over the completion steps)"
+        text += f" ({m['mean_rank_steps']:.2f} over the completion steps)"
     return text
 
 
@@ -364,10 +366,12 @@ def _save_eval(args, metrics: dict, line: str, attack: dict | None, record: dict
 
     import rlattention
     from rlattention.engine.rundir import write_new_text
+    from rlattention.metrics import METRIC_UNITS
 
     ckpt = Path(record["checkpoint"])
     result = {
         "metrics": metrics,
+        "units": METRIC_UNITS,
         "summary": line,
         "checkpoint": str(ckpt),
         "checkpoint_sha256": _sha256(ckpt),

@@ -68,15 +68,23 @@ def test_rows_are_the_issues_with_their_configs_and_one_budget(study):
 def test_metrics_are_percentages_and_reach_the_summary(study, tmp_path):
     import study as runner
 
-    report = {"test": {"mAP": 0.8123, "CF1": 0.7, "OF1": 0.75, "CP": 0.1, "count": 2000.0}, "train_seconds": 10.0}
-    got = study.metrics(report)
-    assert got == pytest.approx({"map": 81.23, "cf1": 70.0, "of1": 75.0})
+    report = {"test": {"mAP": 81.23, "CF1": 70.0, "OF1": 75.0, "CP": 10.0, "count": 2000.0}, "units": "percent",
+              "train_seconds": 10.0}  # fmt: skip
+    assert study.metrics(report) == pytest.approx({"map": 81.23, "cf1": 70.0, "of1": 75.0})
     with pytest.raises(KeyError, match="mAP"):
         study.metrics({"test": {"CF1": 0.1, "OF1": 0.1}})
+    # a report written before reports said their units held fractions: read in percent, the record untouched
+    legacy = {"test": {"mAP": 0.8123, "CF1": 0.7, "OF1": 0.75, "count": 2000.0}, "best_val_mAP": 0.8, "epochs": 12}
+    fractions = ("mAP", "CP", "CR", "CF1", "OP", "OR", "OF1")
+    read = runner.in_percent(legacy, fractions)
+    assert study.metrics(read) == pytest.approx({"map": 81.23, "cf1": 70.0, "of1": 75.0})
+    assert read["best_val_mAP"] == pytest.approx(80.0) and read["test"]["count"] == 2000.0 and read["epochs"] == 12
+    assert legacy["test"]["mAP"] == 0.8123 and legacy["best_val_mAP"] == 0.8 and "units" not in legacy
+    assert runner.in_percent(report, fractions) is report  # already percent: as it is
     records = [
         {"row": row, "seed": s, "overrides": study.BUDGET, "command": "rlattention fit trainer.num_threads=1",
          "report": {**report, "test": {**report["test"], "mAP": value}}}
-        for s in (1, 0) for row, value in (("learned", 0.9), ("random", 0.885))
+        for s in (1, 0) for row, value in (("learned", 90.0), ("random", 88.5))
     ]  # fmt: skip
     doc = runner.summarise(study.STUDY, study.rows(), records, study.metrics, "d", "c", tmp_path, primary="map")
     saved = json.loads((tmp_path / "summary.json").read_text())

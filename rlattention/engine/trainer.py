@@ -67,6 +67,7 @@ from rlattention.engine.signals import (  # noqa: F401  (STOP_SIGNALS, TrainingI
     _interrupted,
     _StopSignals,
 )
+from rlattention.metrics import METRIC_UNITS
 from rlattention.progress import progress_bars
 
 
@@ -549,6 +550,7 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "method": cfg.method,
             "dataset": cfg.data.name,
+            "units": METRIC_UNITS,
             "epochs": p.epoch,
             "steps": p.step,
             "train_seconds": round(p.wall_time, 1),

@@ -1021,8 +1021,8 @@ class DARP(SketchRetrievalMethod):
         stats = {
             "reward": R.mean(),
             "eta": eta.mean(),
-            "train_auir": (1.0 / per_step).mean(),
-            "train_acc@5": (per_step[:, -1] <= 5).float().mean(),
+            "train_auir": 100.0 * (1.0 / per_step).mean(),  # percent, as the evaluation metrics
+            "train_acc@5": 100.0 * (per_step[:, -1] <= 5).float().mean(),
         }
         if cfg.locator == "bootstrap" and cfg.num_heads > 1:
             with torch.no_grad():  # how far apart the heads' mean locations are, averaged over the states visited
@@ -1299,7 +1299,7 @@ class EmbeddingPolicy(SketchRetrievalMethod):
         return StepOutput(
             loss,
             terms={"rl": rl, "value": v_loss},
-            stats={"reward": R.mean(), "train_auir": (1.0 / ranks.float()).mean(), "eta": eta},
+            stats={"reward": R.mean(), "train_auir": 100.0 * (1.0 / ranks.float()).mean(), "eta": eta},
         )
 
     @torch.no_grad()

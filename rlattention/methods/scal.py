@@ -449,7 +449,8 @@ class SCAL(AttentionMethod):
         tri, tri_acc = batch_hard_triplet(f, labels, cfg.margin)
         ce = F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing)
         terms = {"triplet": cfg.triplet_weight * tri, "cross_entropy": cfg.ce_weight * ce}
-        stats = {"accuracy": (logits.detach().argmax(1) == labels).float().mean(), "triplet_accuracy": tri_acc}
+        correct = (logits.detach().argmax(1) == labels).float().mean()
+        stats = {"accuracy": 100.0 * correct, "triplet_accuracy": 100.0 * tri_acc}  # percent, as evaluation
         if records:
             stats["attention_mean"] = torch.stack([a.detach().mean() for _, a, _ in records]).mean()
         if self.critic is not None:

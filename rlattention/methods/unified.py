@@ -440,7 +440,7 @@ class Unified(RAM):
         if self.cfg.glimpses_per_token <= 0:
             return super().metrics(scores, targets)
         err = sequence_error(scores.argmax(-1), self._targets(targets))
-        return {"accuracy": 1.0 - err, "error": 100.0 * err, "count": float(len(targets))}
+        return {"accuracy": 100.0 * (1.0 - err), "error": 100.0 * err, "count": float(len(targets))}
 
     @torch.no_grad()
     def visualize(self, images: Tensor, targets: Tensor, out_dir: Path, generator: torch.Generator | None = None):

@@ -216,10 +216,12 @@ def multilabel_metrics(
     scores: ``(N, K)`` probabilities; targets: ``(N, K)`` in ``{1, 0, -1}`` (see the module docstring).
     Returns ``{"mAP", "CP", "CR", "CF1", "OP", "OR", "OF1", "count"}``: :func:`mean_average_precision`
     (``eleven_point`` selects the VOC2007 11-point AP), :func:`precision_recall_f1` with ``top_k`` and
-    ``threshold``, and the number of images. Fractions in ``[0, 1]``.
+    ``threshold``, and the number of images. The metrics are in percent (0-100, as the paper prints them; the
+    functions they come from return fractions).
     """
     s, t = _check(scores, targets)
     out = {"mAP": mean_average_precision(s, t, eleven_point=eleven_point)}
     out.update(precision_recall_f1(s, t, top_k=top_k, threshold=threshold))
+    out = {k: 100.0 * v for k, v in out.items()}
     out["count"] = float(len(s))
     return out

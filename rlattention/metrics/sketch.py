@@ -292,17 +292,18 @@ def sketch_retrieval_metrics(
     step), ``auir`` (:func:`auir`), ``mean_rank`` (mean rank on the complete sketch, in ``[1, G]``),
     ``percentile`` (:func:`rank_percentile` averaged over queries and steps) and the partial-sketch protocol's
     ``acc@q_steps`` and ``mean_rank_steps`` (the same averaged over the S completion steps too). All but the mean
-    ranks are fractions in ``[0, 1]``.
+    ranks are in percent (0-100, as the paper prints them; :func:`acc_at`, :func:`auir` and
+    :func:`rank_percentile` return fractions); the mean ranks are ranks in ``[1, G]``.
     """
     ks = _check_ks(ks)
     r = _steps_ranks(query_emb, gallery_emb, target, max_elements)
-    out = {f"acc@{k}": acc_at(r, k) for k in ks}
-    out["auir"] = auir(r)
+    out = {f"acc@{k}": 100.0 * acc_at(r, k) for k in ks}
+    out["auir"] = 100.0 * auir(r)
     out["mean_rank"] = float(r[:, -1].to(torch.float64).mean()) if r.numel() else float("nan")
     for k in ks:
-        out[f"acc@{k}_steps"] = float((r <= k).to(torch.float64).mean()) if r.numel() else float("nan")
+        out[f"acc@{k}_steps"] = 100.0 * float((r <= k).to(torch.float64).mean()) if r.numel() else float("nan")
     out["mean_rank_steps"] = float(r.to(torch.float64).mean()) if r.numel() else float("nan")
-    out["percentile"] = float(rank_percentile(r, gallery_emb.shape[0]).mean()) if r.numel() else float("nan")
+    out["percentile"] = 100.0 * float(rank_percentile(r, gallery_emb.shape[0]).mean()) if r.numel() else float("nan")
     return out
 
 

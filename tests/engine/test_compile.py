@@ -66,4 +66,4 @@ def test_compiled_training_step_matches_eager(tmp_path, monkeypatch):
     assert list(a) == list(b)  # same parameter names: a compiled run's checkpoint loads anywhere
     for k in a:
         assert torch.allclose(a[k].float(), b[k].float(), atol=1e-4, rtol=1e-3), k
-    assert compiled["test"]["accuracy"] == pytest.approx(eager["test"]["accuracy"], abs=1 / 32 + 1e-9)
+    assert compiled["test"]["accuracy"] == pytest.approx(eager["test"]["accuracy"], abs=100 / 32 + 1e-9)  # percent

@@ -256,11 +256,12 @@ def test_multilabel_metrics_keys_and_values():
     out = multilabel_metrics(HAND_SCORES, HAND_TARGETS)
     assert set(out) == {"mAP", "CP", "CR", "CF1", "OP", "OR", "OF1", "count"}
     assert out["count"] == 3.0
-    assert out["mAP"] == pytest.approx(mean_average_precision(HAND_SCORES, HAND_TARGETS))
-    assert out["OF1"] == pytest.approx(2 / 3)
+    # percentages (the functions behind them return fractions)
+    assert out["mAP"] == pytest.approx(100 * mean_average_precision(HAND_SCORES, HAND_TARGETS))
+    assert out["OF1"] == pytest.approx(100 * 2 / 3)
     perfect = multilabel_metrics(HAND_TARGETS.float().clamp(min=0), HAND_TARGETS)
-    assert perfect["mAP"] == pytest.approx(1.0)
-    assert perfect["OP"] == pytest.approx(1.0) and perfect["OR"] == pytest.approx(1.0)
+    assert perfect["mAP"] == pytest.approx(100.0)
+    assert perfect["OP"] == pytest.approx(100.0) and perfect["OR"] == pytest.approx(100.0)
 
 
 def test_bad_inputs_are_refused():

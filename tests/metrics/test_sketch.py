@@ -39,11 +39,12 @@ def reference_ranks(queries: torch.Tensor, gallery: torch.Tensor, target: torch.
 
 
 def reference_metrics(ranks: list[list[int]], n: int, ks: tuple[int, ...]) -> dict[str, float]:
+    """The summary of :func:`sketch_retrieval_metrics` by hand: percentages, the mean rank as a rank."""
     q, s = len(ranks), len(ranks[0])
-    out = {f"acc@{k}": sum(1 for r in ranks if r[-1] <= k) / q for k in ks}
-    out["auir"] = sum(sum(1 / x for x in r) / s for r in ranks) / q
+    out = {f"acc@{k}": 100 * sum(1 for r in ranks if r[-1] <= k) / q for k in ks}
+    out["auir"] = 100 * sum(sum(1 / x for x in r) / s for r in ranks) / q
     out["mean_rank"] = sum(r[-1] for r in ranks) / q
-    out["percentile"] = sum((n - x) / n for r in ranks for x in r) / (q * s)
+    out["percentile"] = 100 * sum((n - x) / n for r in ranks for x in r) / (q * s)
     return out
 
 
@@ -243,7 +244,7 @@ def test_sketch_retrieval_metrics_match_reference(integer):
         assert got[key] == pytest.approx(value, rel=1e-12), key
     flat = [x for row in ranks for x in row]  # every query at every completion step
     for k in (1, 5, 10):
-        assert got[f"acc@{k}_steps"] == pytest.approx(sum(x <= k for x in flat) / len(flat), rel=1e-12)
+        assert got[f"acc@{k}_steps"] == pytest.approx(100 * sum(x <= k for x in flat) / len(flat), rel=1e-12)
     assert got["mean_rank_steps"] == pytest.approx(sum(flat) / len(flat), rel=1e-12)
     other = sketch_retrieval_metrics(queries, gallery, target, ks=(3,))
     assert set(other) == {"acc@3", "auir", "mean_rank", "percentile", "acc@3_steps", "mean_rank_steps"}
@@ -260,9 +261,9 @@ def test_sketch_retrieval_curves_match_reference():
         assert float(curves["inverse_rank"][s]) == pytest.approx(sum(1 / x for x in column) / 25)
         assert float(curves["acc@1"][s]) == pytest.approx(sum(x == 1 for x in column) / 25)
     assert all(c.shape == (5,) for c in curves.values())
-    # The mean of the inverse-rank curve is the AUIR.
+    # The mean of the inverse-rank curve (a fraction) is the AUIR (in percent).
     metrics = sketch_retrieval_metrics(queries, gallery, target)
-    assert float(curves["inverse_rank"].mean()) == pytest.approx(metrics["auir"])
+    assert 100 * float(curves["inverse_rank"].mean()) == pytest.approx(metrics["auir"])
 
 
 def test_complete_sketches_only():
