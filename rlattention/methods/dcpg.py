@@ -1,4 +1,4 @@
-"""Discrete-continuous action space policy-gradient attention for image-text matching (DCPG): Ji et al.,
+"""Discrete-continuous action space policy-gradient attention for image-text matching (DCPG): Yan, Yu and Xie,
 "Discrete-continuous Action Space Policy Gradient-based Attention for Image-Text Matching", CVPR 2021.
 
 Data layout (``rlattention.data.image_text``): one item per caption. ``images`` ``(C, 1, R, F)``: the region

@@ -1,4 +1,4 @@
-"""The discrete-continuous action-space policy of DCPG (Ji et al., "Discrete-continuous Action Space Policy
+"""The discrete-continuous action-space policy of DCPG (Yan, Yu and Xie, "Discrete-continuous Action Space Policy
 Gradient-based Attention for Image-Text Matching", CVPR 2021), eqs. 2-5.
 
 For every element t of a sequence (image regions or words) a GRU reads the features, h^t = GRU(x^t, h^{t-1}),
