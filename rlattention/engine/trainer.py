@@ -506,7 +506,7 @@ class Trainer:
             self.save("best")
         if fabric.global_rank == 0:
             fabric.print(
-                f"epoch {p.epoch}: val {self.metric_name} {value:.4f} (best {p.best_value:.4f} "
+                f"epoch {p.epoch}: val {self.metric_name} {value:.2f} (best {p.best_value:.2f} "
                 f"at epoch {p.best_epoch}), {p.wall_time:.0f}s"
             )
         return metrics
