@@ -83,7 +83,7 @@ def create_model(config: ExperimentConfig | dict | str | os.PathLike, info: Data
         cfg = build_config(config, source="create_model(config)")
     else:
         cfg = build_config(read_config_file(Path(config)), source=str(config))
-    info = info if isinstance(info, DataInfo) else _info_from_record(info, "create_model(info)")
+    info = info if isinstance(info, DataInfo) else DataInfo.from_record(info, "create_model(info)")
     model = get_method(cfg.method).from_config(cfg.model, info)
     return _attach(model, cfg, info, 0.0)
 
@@ -93,49 +93,6 @@ def _attach(model: AttentionMethod, cfg: ExperimentConfig, info: DataInfo, progr
     model.data_info = info
     model.training_progress = progress  # the fraction of training its schedules (sigma, epsilon) are at
     return model
-
-
-def _info_from_record(record: Any, where: str) -> DataInfo:
-    """A :class:`DataInfo` from its plain record ``{"image_shape", "num_classes", "meta"}``; one-line ValueError
-    naming ``where`` and the bad value otherwise."""
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a mapping with image_shape and num_classes, got {record!r:.200}")
-    shape, num_classes, meta = record.get("image_shape"), record.get("num_classes"), record.get("meta") or {}
-    if (
-        not isinstance(shape, list | tuple)
-        or len(shape) != 3
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
-    ):
-        raise ValueError(f"{where}: image_shape must be three positive integers (C, H, W), got {shape!r:.200}")
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
-        raise ValueError(f"{where}: num_classes must be an integer >= 0, got {num_classes!r:.200}")
-    if not isinstance(meta, dict):
-        raise ValueError(f"{where}: meta must be a mapping, got {type(meta).__name__}")
-    return DataInfo(tuple(int(s) for s in shape), int(num_classes), dict(meta))
-
-
-def _info_record(info: DataInfo) -> dict:
-    return {
-        "image_shape": [int(s) for s in info.image_shape],
-        "num_classes": int(info.num_classes),
-        "meta": _plain(dict(info.meta), "data_info.meta"),
-    }
-
-
-def _plain(value: Any, key: str) -> Any:
-    """``value`` as plain YAML data (numbers, strings, booleans, None, lists, string-keyed mappings)."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, list | tuple):
-        return [_plain(v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {k: _plain(v, f"{key}.{k}") for k, v in value.items()}
-    raise ValueError(f"{key}: a {type(value).__name__} cannot be saved in config.yaml (plain data only)")
-
-
-# ------------------------------------------------------------------------------------------------- loading
 
 
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> AttentionMethod:
@@ -195,7 +152,7 @@ def _load_checkpoint(path: Path) -> AttentionMethod:
     if "data_info" not in ckpt:
         raise CheckpointError(f"{path}: the checkpoint records no data_info (image_shape, num_classes) to build from")
     try:
-        info = _info_from_record(ckpt["data_info"], f"{path}: data_info")
+        info = DataInfo.from_record(ckpt["data_info"], f"{path}: data_info")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     info = get_method(cfg.method).data_info_from_state(info, ckpt["model"])
@@ -225,7 +182,7 @@ def _load_saved(folder: Path) -> AttentionMethod:
                 f"{config_path}: no '{SAVED_SECTION}' section of format {SAVED_FORMAT!r}: not written by "
                 "save_pretrained"
             )
-        info = _info_from_record(saved.get("data_info"), f"{config_path}: {SAVED_SECTION}.data_info")
+        info = DataInfo.from_record(saved.get("data_info"), f"{config_path}: {SAVED_SECTION}.data_info")
         progress = saved.get("training_progress", 1.0)
         if not isinstance(progress, int | float) or isinstance(progress, bool) or not 0.0 <= progress <= 1.0:
             raise ValueError(f"{config_path}: {SAVED_SECTION}.training_progress must be in [0, 1], got {progress!r}")
@@ -305,7 +262,7 @@ def save_pretrained(model: AttentionMethod, folder: str | os.PathLike, overwrite
         **to_dict(cfg),
         SAVED_SECTION: {
             "format": SAVED_FORMAT,
-            "data_info": _info_record(info),
+            "data_info": info.record(),
             "training_progress": float(getattr(model, "training_progress", 1.0)),
             "weights_sha256": hashlib.sha256(data).hexdigest(),
         },

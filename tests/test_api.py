@@ -219,6 +219,50 @@ def test_dcpg_loads_from_checkpoint_without_meta_and_predict_says_what_to_call(t
         predict(loaded, features)
 
 
+def test_checkpoints_carry_the_datas_meta(tmp_path):
+    """The data's facts (a folder's class names, a vocabulary's words) travel with the weights: a checkpoint's
+    data_info keeps DataSplits.meta, so a model loaded from it has them; a value that is not plain data is left
+    out with a warning naming it, and the run still trains and saves."""
+    from rlattention.engine.trainer import fit
+
+    gen = torch.Generator().manual_seed(0)
+
+    def items(n: int) -> ArrayDataset:
+        images = torch.randint(0, 256, (n, 1, 24, 24), generator=gen, dtype=torch.uint8)
+        return ArrayDataset(images, torch.arange(n) % 3)
+
+    meta = {"classes": ["cat", "dog", "eel"], "vocab": ["a", "b"], "counts": {"train": 12}, "table": np.zeros(2)}
+    splits = DataSplits(items(12), items(6), items(6), 3, name="tiny", meta=meta)
+    cfg = load_config(
+        None,
+        [
+            "method=ram",
+            *(f"model.{k}={v}" for k, v in TINY_RAM.items()),
+            "trainer.batch_size=6",
+            "trainer.max_steps=2",
+            "trainer.progress=false",
+            "trainer.num_threads=1",
+            "eval.viz_images=0",
+            f"trainer.out_dir={tmp_path}",
+            "trainer.run_name=meta",
+        ],
+    )
+    threads = torch.get_num_threads()
+    try:
+        with pytest.warns(UserWarning, match=r"data_info\.meta\.table: a ndarray cannot be saved"):
+            run = Path(fit(cfg, splits=splits)["run_dir"])
+    finally:
+        torch.set_num_threads(threads)
+    saved = load_checkpoint_file(run / "checkpoints" / "last.ckpt")["data_info"]
+    assert saved["meta"] == {"classes": ["cat", "dog", "eel"], "vocab": ["a", "b"], "counts": {"train": 12}}
+    loaded = load_model(run)
+    assert loaded.data_info.meta["classes"] == ["cat", "dog", "eel"] and "table" not in loaded.data_info.meta
+    again = load_model(loaded.save_pretrained(tmp_path / "saved"))
+    assert again.data_info == loaded.data_info
+    with pytest.raises(ValueError, match=r"data_info\.meta\.table: a ndarray cannot be saved"):
+        DataInfo((1, 24, 24), 3, meta).record()
+
+
 # -------------------------------------------------------------------------------------------- run folders
 
 

@@ -523,7 +523,9 @@ class Trainer:
         if fabric.device.type == "cuda":
             cuda_rng = torch.cuda.get_rng_state(fabric.device)
             rng.update(cuda_rng=cuda_rng, cuda_rng_ranks=_gather_rows(fabric, cuda_rng))
-        data_info = {"image_shape": list(self.splits.image_shape), "num_classes": self.splits.num_classes}
+        # the data's facts travel with the weights (an image-text vocabulary's words, a folder's class names)
+        info = DataInfo(self.splits.image_shape, self.splits.num_classes, dict(self.splits.meta))
+        data_info = info.record(strict=False)
         fabric.save(
             self.ckpt_dir / f"{name}.ckpt",
             {**self._state(), "config": to_dict(self.cfg), **rng, "data_info": data_info},

@@ -355,8 +355,9 @@ class DCPG(AttentionMethod):
 
     @classmethod
     def data_info_from_state(cls, info: DataInfo, state: dict) -> DataInfo:
-        """``meta["vocab_size"]`` from the word embedding of the weights ``state`` (the vocabulary's words are not
-        in a checkpoint: figures then show ``#id``)."""
+        """``meta["vocab_size"]`` from the word embedding of the weights ``state`` when the checkpoint's data_info
+        lacks it (checkpoints written before data_info kept the data's meta; their figures show ``#id`` for the
+        words, which newer checkpoints carry in ``meta["vocab"]``)."""
         weight = state.get("word_embedding.weight")
         if "vocab_size" in info.meta or not isinstance(weight, torch.Tensor) or weight.ndim != 2:
             return info
