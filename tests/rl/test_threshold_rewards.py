@@ -58,7 +58,7 @@ def test_paper_shape_is_eq5_and_demands_rank_one_from_the_start():
     paper = RankThresholdSchedule(shape="paper", alpha=0.02, beta=-2.0)
     for t in (0, 10, 100, 1000):
         assert paper(t) == pytest.approx(SigmoidThreshold(0.02, -2.0)(t))
-    # darp.py's inline form (no host sync): sigmoid(alpha t - beta)
+    # methods/darp/phase2.py's inline form (no host sync): sigmoid(alpha t - beta)
     step = torch.tensor(37)
     assert paper(step).item() == pytest.approx(torch.sigmoid(step.float() * 0.02 + 2.0).item())
     # eta_0 = 0.881 > 1/2: only rank 1 of the gallery is ever rewarded, while the default accepts rank <= 250
