@@ -46,18 +46,18 @@ and with it the vocabulary; without one, words are shown as ``#id``.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
+from rlattention.methods.dcpg_encoders import CaptionDecoder, GCNReasoning
+from rlattention.methods.dcpg_plot import _feature_boxes, _plot_attention, caption_and_region_names
 from rlattention.metrics.retrieval import retrieval_metrics
 from rlattention.metrics.sketch import gallery_from_pairs
 from rlattention.rl import leave_one_out_baseline
@@ -110,114 +110,6 @@ class DCPGConfig:
     decoder_layers: int = 2
     glove: str | None = None  # optional glove.*.txt to initialise the word embedding
     select_on: str = "rsum"
-
-
-class GCNReasoning(nn.Module):
-    """V* = V + W_r (softmax_j(phi(V_i)^T psi(V_j)) V W_g), stacked ``layers`` times (VSRN's region reasoning)."""
-
-    def __init__(self, dim: int, layers: int) -> None:
-        super().__init__()
-        self.phi = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
-        self.psi = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
-        self.g = nn.ModuleList(nn.Linear(dim, dim, bias=False) for _ in range(layers))
-        self.r = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
-
-    def forward(self, v: Tensor) -> Tensor:
-        for phi, psi, g, r in zip(self.phi, self.psi, self.g, self.r, strict=True):
-            affinity = torch.einsum("bid,bjd->bij", phi(v), psi(v)) / v.shape[-1] ** 0.5  # eq. 1
-            v = v + r(F.relu(affinity.softmax(-1) @ g(v)))
-        return v
-
-
-class CaptionDecoder(nn.Module):
-    """A causal convolutional caption decoder (the text-decoding loss), conditioned on an embedding: word
-    embedding of the previous tokens + a projection of the embedding -> gated causal conv layers -> logits."""
-
-    def __init__(self, vocab_size: int, embed_dim: int, width: int, layers: int, kernel: int = 3) -> None:
-        super().__init__()
-        self.words = nn.Embedding(vocab_size, width, padding_idx=0)
-        self.cond = nn.Linear(embed_dim, width)
-        self.convs = nn.ModuleList(nn.Conv1d(width, 2 * width, kernel) for _ in range(layers))
-        self.kernel = kernel
-        self.out = nn.Linear(width, vocab_size)
-
-    def loss(self, embedding: Tensor, tokens: Tensor) -> Tensor:
-        """Teacher-forced cross-entropy of ``tokens`` ``(B, L)`` (0 = padding) given ``embedding`` ``(B, E)``:
-        the mean over the non-padding targets ``tokens[:, 1:]``."""
-        return self.loss_sum((embedding,), tokens)
-
-    def loss_sum(self, embeddings: Sequence[Tensor], tokens: Tensor) -> Tensor:
-        """``sum_k loss(embeddings[k], tokens)`` in one pass (the image and the text branch share the captions).
-
-        Equal up to float rounding to the dense computation (``nn.Conv1d`` over all ``L - 1`` positions of every
-        branch, cross-entropy with ``ignore_index=0``; tests/methods/test_dcpg_speed.py keeps it as the
-        reference), with less work:
-
-        * packed positions only: the position t of a caption is kept when some target at or after t is not
-          padding (for captions padded at the end, the positions of its real targets). The convolutions are
-          causal, so a kept position reads kept positions only; the others carry no loss;
-        * a convolution is one matrix product of the ``kernel`` shifted copies of the packed rows;
-        * the first convolution is linear in its input words + cond(embedding): its words part is computed once
-          for all branches, its cond part once per caption (the same at every position once all taps lie inside
-          the caption).
-        """
-        inp, target = tokens[:, :-1], tokens[:, 1:]
-        valid = target != 0  # (B, L-1)
-        positions = torch.arange(valid.shape[1], device=tokens.device)
-        lengths = (valid * (positions + 1)).amax(1)  # 1 + the last real target of each caption (0: none)
-        b_idx, t_idx = (positions < lengths[:, None]).nonzero(as_tuple=True)  # packed rows, caption-major (N,)
-        K, N, k = len(embeddings), len(b_idx), self.kernel
-        keep = [(t_idx >= shift).unsqueeze(-1) for shift in range(k)]  # the row `shift` back is in the caption
-        ids = inp[b_idx, t_idx]
-        words = self.words(ids)  # (N, W)
-        cond = self.cond(torch.stack(tuple(embeddings)))  # (K, B, W)
-        first = self.convs[0]
-        if self.words.num_embeddings < N:  # tap j of every word of the vocabulary, then a sum of k rows per position
-            y_words = self._first_taps_by_word(ids, keep) + first.bias
-        else:
-            y_words = F.linear(_causal_taps(words, keep), _tap_major(first.weight), first.bias)  # (N, 2W)
-        q = torch.einsum("kbc,ocj->kbjo", cond, first.weight)  # (K, B, k, 2W): tap j applied to cond
-        q = q.flip(2).cumsum(2)  # [:, :, m]: the sum of the taps that read inside the caption at position m
-        y_cond = q.reshape(K, -1, q.shape[-1]).index_select(1, b_idx * k + t_idx.clamp(max=k - 1))  # (K, N, 2W)
-        x = words + cond[:, b_idx] + F.glu(y_words + y_cond, dim=-1)  # (K, N, W)
-        x = x.reshape(K * N, -1)  # branch-major
-        keep = [m.repeat(K, 1) for m in keep]
-        for conv in self.convs[1:]:
-            x = x + F.glu(F.linear(_causal_taps(x, keep), _tap_major(conv.weight), conv.bias), dim=-1)
-        logits = self.out(x)  # (K N, V)
-        nll = F.cross_entropy(logits, target[b_idx, t_idx].repeat(K), ignore_index=0, reduction="sum")
-        return nll / valid.sum()
-
-    def _first_taps_by_word(self, ids: Tensor, keep: list[Tensor]) -> Tensor:
-        """The words part of the first convolution without its bias, ``(N, 2W)``, from the packed ids ``(N,)``:
-        ``sum_j W_j words[id at t - (k-1-j)]`` over the taps inside the caption, as ``k`` rows of the table
-        ``W_j words[v]`` (``(k V, 2W)``, one product with the vocabulary instead of one with every position)."""
-        V, k, weight = self.words.num_embeddings, self.kernel, self.words.weight
-        pad = self.words.padding_idx
-        if pad is not None:  # the padding word gets no gradient, as in nn.Embedding
-            weight = torch.cat((weight[:pad], weight[pad : pad + 1].detach(), weight[pad + 1 :]))
-        first = self.convs[0].weight  # (2W, W, k)
-        table = torch.einsum("vc,ocj->jvo", weight, first).reshape(k * V, -1)  # row j V + v: W_j words[v]
-        table = torch.cat((table, table.new_zeros(1, table.shape[1])))  # row k V: nothing (before the start)
-        index = []
-        for j in range(k):
-            shift = k - 1 - j
-            back = ids if shift == 0 else F.pad(ids, (shift, 0))[: len(ids)]  # the id `shift` positions back
-            index.append(torch.where(keep[shift].squeeze(-1), j * V + back, k * V))
-        return F.embedding_bag(torch.stack(index, 1), table, mode="sum")
-
-
-def _tap_major(weight: Tensor) -> Tensor:
-    """A ``Conv1d`` weight ``(O, C, k)`` as the matrix ``(O, k C)`` of :func:`_causal_taps`' columns."""
-    return weight.permute(0, 2, 1).reshape(weight.shape[0], -1)
-
-
-def _causal_taps(x: Tensor, keep: list[Tensor]) -> Tensor:
-    """Packed rows ``(M, C)`` (each caption's positions consecutive) -> ``(M, k C)``: for tap j = 0..k-1 the row
-    k-1-j places back, 0 where that lies before the caption's start (``keep[shift]`` ``(M, 1)`` bool: the
-    position is >= shift), i.e. the input windows of a causal convolution with left padding k-1."""
-    k = len(keep)
-    return torch.cat([x if s == 0 else F.pad(x, (0, 0, s, 0))[: len(x)] * keep[s] for s in range(k - 1, -1, -1)], -1)
 
 
 #: The version of the attention scheme saved with the weights (buffer ``attention_scheme``): 2 = the bins of
@@ -595,163 +487,3 @@ class NoAttentionPolicyError(NotImplementedError, ValueError):
     """:meth:`DCPG.visualize` of a model without attention policies (``model.pg: none``, the Table 4 baselines).
     A ``NotImplementedError``, so ``fit`` writes no figures and goes on, and a ``ValueError``, so
     ``rlattention viz`` reports it as an error message."""
-
-
-def _feature_boxes(regions: np.ndarray, tol: float = 1e-3) -> np.ndarray | None:
-    """Region boxes ``(B, R, 4)`` ``(x0, y0, x1, y1)`` in [0, 1] from the features, or ``None``.
-
-    Layout relied on (digit scenes, :mod:`rlattention.data.digit_scenes`): each region's features end with its
-    box geometry ``(x0, y0, x1, y1, area)`` divided by the canvas side. The layout is accepted only when every
-    region of every item satisfies ``0 <= x0 < x1 <= 1``, ``0 <= y0 < y1 <= 1`` and ``area = (x1 - x0)(y1 - y0)``
-    within ``tol`` (bottom-up features of real datasets carry no geometry and fail this)."""
-    if regions.ndim != 3 or regions.shape[-1] < 6:
-        return None
-    x0, y0, x1, y1, area = np.moveaxis(regions[..., -5:].astype(np.float64), -1, 0)
-    ok = (x0 >= -tol) & (y0 >= -tol) & (x1 <= 1 + tol) & (y1 <= 1 + tol) & (x0 < x1) & (y0 < y1)
-    ok &= np.abs(area - (x1 - x0) * (y1 - y0)) <= tol
-    return np.clip(regions[..., -5:-1], 0.0, 1.0).astype(np.float32) if bool(ok.all()) else None
-
-
-def caption_and_region_names(words: Sequence[str], num_regions: int, digits=(), sep: str = " ") -> tuple[str, list]:
-    """The caption without its ``<start>``/``<end>`` markers, and a name per region: its index, followed (after
-    ``sep``) by the colour and label of the scene digit drawn in it (``digits``: a scene's digits, each with
-    ``region``, ``colour`` and ``label``)."""
-    caption = " ".join(w for w in words if not (w.startswith("<") and w.endswith(">")))
-    names = [str(k) for k in range(num_regions)]
-    for d in digits:
-        if 0 <= d.region < num_regions:
-            names[d.region] = f"{d.region}{sep}{d.colour} {d.label}"
-    return caption, names
-
-
-def _scale(weights: np.ndarray):
-    """A colour normalisation spanning ``weights`` (at least 1e-3 wide: with ``bin_map: logistic`` the
-    deterministic attention sigmoid(mu) lies within [0.62, 0.68], so a fixed 0..1 scale would show no
-    difference)."""
-    from matplotlib.colors import Normalize
-
-    lo, hi = (float(weights.min()), float(weights.max())) if weights.size else (0.0, 1.0)
-    pad = max(0.0, 1e-3 - (hi - lo)) / 2
-    return Normalize(lo - pad, hi + pad)
-
-
-def _draw_regions(ax, scene: np.ndarray | None, boxes: np.ndarray, weights: np.ndarray, cmap, norm) -> None:
-    """Boxes (normalised) shaded by their weight, the most attended on top and drawn thicker, labelled with their
-    index, on the uint8 ``(3, H, W)`` scene or a black square."""
-    from matplotlib.patches import Rectangle
-
-    if scene is not None:
-        side_y, side_x = scene.shape[-2:]
-        ax.imshow(np.transpose(scene, (1, 2, 0)), extent=(0, side_x, side_y, 0))
-    else:
-        side_y = side_x = 100
-        ax.add_patch(Rectangle((0, 0), side_x, side_y, facecolor="black"))
-    for k in np.argsort(weights, kind="stable"):
-        level = float(np.clip(norm(weights[k]), 0.0, 1.0))
-        colour = cmap(level)
-        x0, y0, x1, y1 = (float(v) for v in boxes[k] * np.array([side_x, side_y, side_x, side_y]))
-        ax.add_patch(
-            Rectangle(
-                (x0, y0),
-                x1 - x0,
-                y1 - y0,
-                facecolor=(*colour[:3], 0.1 + 0.35 * level),
-                edgecolor=colour,
-                lw=0.6 + 2.4 * level,
-            )
-        )
-        ax.text(
-            x0 + 0.5,
-            y0 + 0.5,
-            str(k),
-            color="black" if level > 0.6 else "white",
-            fontsize=6,
-            ha="left",
-            va="top",
-            bbox={"facecolor": colour, "alpha": 0.85, "pad": 0.8, "linewidth": 0},
-        )
-    ax.set_xlim(0, side_x)
-    ax.set_ylim(side_y, 0)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _attention_bars(ax, labels: list[str], heads: np.ndarray, cmap, norm, ylabel: str) -> None:
-    """Bars: the mean over heads, coloured by its value; markers: each head (when there are several). The y
-    axis spans the weights' range (``norm``), so the bars show differences, not the absolute level."""
-    mean = heads.mean(-1)
-    x = np.arange(len(mean))
-    H = heads.shape[-1]
-    span = norm.vmax - norm.vmin
-    bottom = norm.vmin - 0.15 * span
-    colours = cmap(np.clip(norm(mean), 0.0, 1.0))
-    label = "mean over heads" if H > 1 else None
-    ax.bar(x, mean - bottom, bottom=bottom, color=colours, edgecolor="black", linewidth=0.5, label=label)
-    for xi, m in zip(x, mean, strict=True):
-        ax.text(xi, m + 0.03 * span, f"{m:.3f}", ha="center", va="bottom", fontsize=6)
-    if H > 1:
-        for h, marker in zip(range(H), itertools.cycle("os^vD<>"), strict=False):
-            ax.scatter(x, heads[:, h], marker=marker, s=16, zorder=3, color=f"C{h % 10}", label=f"head {h + 1}")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    long = max((len(s) for s in labels), default=0) > 3 and len(labels) > 8
-    ax.set_xticks(x, labels, fontsize=7, rotation=45 if long else 0, ha="right" if long else "center")
-    ax.set_xlim(-0.6, len(mean) - 0.4)
-    ax.set_ylim(bottom, norm.vmax + 0.25 * span)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.tick_params(axis="y", labelsize=7)
-    ax.grid(axis="y", alpha=0.3)
-
-
-def _plot_attention(
-    path: Path,
-    title: str,
-    scene: np.ndarray | None,
-    boxes: np.ndarray | None,
-    region_names: list[str],
-    region_heads: np.ndarray,
-    words: list[str],
-    word_heads: np.ndarray,
-    note: str,
-) -> Path:
-    """One item's figure: [region boxes: mean, head 1, ...] / region bars / word bars. Writes a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-    from matplotlib.cm import ScalarMappable
-
-    cmap = plt.get_cmap("viridis")
-    region_norm, word_norm = _scale(region_heads), _scale(word_heads)
-    H = region_heads.shape[-1]
-    panels = [("mean over heads (applied)" if H > 1 else "region attention", region_heads.mean(-1))]
-    if H > 1:
-        panels += [(f"head {h + 1}", region_heads[:, h]) for h in range(H)]
-    if boxes is None:
-        panels = []
-    ratios = ([3.0] if panels else []) + [1.7, 1.7]
-    cols = max(1, len(panels))
-    width = max(3.0 * cols + 1.0, 0.5 * len(words) + 2.0, 0.75 * len(region_names) + 2.0, 6.5)
-    fig = plt.figure(figsize=(width, sum(ratios) + 1.3), layout="constrained")
-    grid = fig.add_gridspec(len(ratios), cols, height_ratios=ratios)
-    if panels:
-        axes = [fig.add_subplot(grid[0, c]) for c in range(cols)]
-        for ax, (name, weights) in zip(axes, panels, strict=True):
-            norm = _scale(weights)  # each panel its own scale: which regions this head prefers
-            _draw_regions(ax, scene, boxes, weights, cmap, norm)  # type: ignore[arg-type]
-            ax.set_title(name, fontsize=8)
-            bar = fig.colorbar(
-                ScalarMappable(norm, cmap), cax=ax.inset_axes([0.1, -0.08, 0.8, 0.04]), orientation="horizontal"
-            )
-            bar.ax.tick_params(labelsize=6)
-            bar.ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(3))
-    _attention_bars(fig.add_subplot(grid[-2, :]), region_names, region_heads, cmap, region_norm, "region attention")
-    _attention_bars(fig.add_subplot(grid[-1, :]), words, word_heads, cmap, word_norm, "word attention")
-    scales = "each box panel has its own colour scale; bar axes span the weights of all heads"
-    fig.suptitle(f"{title}\n{note}; {scales}", fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
