@@ -113,9 +113,10 @@ def test_cli_bench_is_a_thin_entry(tmp_path, capsys):
 def test_cli_bench_without_a_checkout_is_one_clear_line(tmp_path, monkeypatch, capsys):
     """An installed wheel has no benchmarks/ beside the package: one line saying so, exit code 2."""
     import rlattention.cli as cli
+    import rlattention.cli.bench as bench
 
-    fake = tmp_path / "site-packages" / "rlattention" / "cli.py"
-    monkeypatch.setattr(cli, "__file__", str(fake))
+    fake = tmp_path / "site-packages" / "rlattention" / "cli" / "bench.py"
+    monkeypatch.setattr(bench, "__file__", str(fake))
     assert cli.main(["bench", "sensor", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "source checkout" in err, err
