@@ -242,6 +242,29 @@ def reid_metrics(
     if evaluated.shape[0] == 0:
         return _metrics(first_rank[evaluated], ap[evaluated], ks, skipped)
 
+    pairs = (pair_starts, pair_counts, pair_cols)
+    _match_positions(d, gp, evaluated, num_matches, match_dist, match_starts, pairs, chunk_elements, first_rank, ap)
+    return _metrics(first_rank[evaluated], ap[evaluated], ks, skipped)
+
+
+def _match_positions(
+    d: np.ndarray,
+    gp: np.ndarray,
+    evaluated: np.ndarray,
+    num_matches: np.ndarray,
+    match_dist: np.ndarray,
+    match_starts: np.ndarray,
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    chunk_elements: int,
+    first_rank: np.ndarray,
+    ap: np.ndarray,
+) -> None:
+    """The block scan of :func:`reid_metrics`: fills ``first_rank`` (0-based rank of the first match) and ``ap``
+    (average precision) of the ``evaluated`` queries, from the distances ``d`` ``(Q, G)``, the gallery identities
+    ``gp``, each query's sorted match distances (``match_dist`` from ``match_starts``, ``num_matches`` of them)
+    and its same-identity ``pairs`` ``(starts, counts, columns)``, in blocks of about ``chunk_elements``."""
+    g = d.shape[1]
+    pair_starts, pair_counts, pair_cols = pairs
     junk_cols = np.flatnonzero(gp == JUNK_PID)
     by_count = evaluated[np.argsort(num_matches[evaluated], kind="stable")]  # similar counts share a block
     rows_per_block = max(1, min(chunk_elements // g, by_count.shape[0]))
@@ -279,7 +302,6 @@ def reid_metrics(
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for f in [pool.submit(work, shared) for _ in range(workers)]:
                 f.result()
-    return _metrics(first_rank[evaluated], ap[evaluated], ks, skipped)
 
 
 def reid_metrics_reference(

@@ -127,24 +127,8 @@ def true_ranks(queries: Tensor, gallery: Tensor, target: Tensor, max_elements: i
     exactly representable coordinates) are counted too. Near-ties are rare, so this costs little beyond the
     product; the result agrees with exact arithmetic on the inputs up to float64 rounding of the near-ties.
     """
-    _check_embeddings(queries, "queries", "(Q, D) or (Q, S, D)", (2, 3))
-    _check_embeddings(gallery, "gallery", "(G, D)", (2,))
-    if gallery.device != queries.device:
-        raise ValueError(f"queries and gallery must be on the same device, got {queries.device} and {gallery.device}")
-    if gallery.shape[1] != queries.shape[-1]:
-        raise ValueError(
-            f"queries and gallery must have the same embedding size D, got queries {tuple(queries.shape)} "
-            f"and gallery {tuple(gallery.shape)}"
-        )
-    q = queries.shape[0]
-    t = _check_index(target, "target", q, queries.device)
-    g, d = gallery.shape
-    if q and (g == 0 or not bool(((t >= 0) & (t < g)).all())):
-        bad = t[(t < 0) | (t >= g)]
-        raise ValueError(f"target must hold gallery rows in [0, {g}) (G = {g}), found {bad[:5].tolist()}")
-    if max_elements < 1:
-        raise ValueError(f"max_elements must be >= 1, got {max_elements}")
-
+    t = _check_rank_inputs(queries, gallery, target, max_elements)
+    q, (g, d) = queries.shape[0], gallery.shape
     dtype = torch.promote_types(queries.dtype, gallery.dtype)
     if dtype not in (torch.float32, torch.float64):
         dtype = torch.float32
@@ -187,6 +171,29 @@ def true_ranks(queries: Tensor, gallery: Tensor, target: Tensor, max_elements: i
             rank[rows] = below[rows].to(torch.int64) + counted
         ranks[start:stop] = rank
     return ranks.reshape(q, steps) if queries.ndim == 3 else ranks
+
+
+def _check_rank_inputs(queries: Tensor, gallery: Tensor, target: Tensor, max_elements: int) -> Tensor:
+    """:func:`true_ranks`' arguments checked, with a one-line error for each mistake; returns ``target`` as
+    an index tensor ``(Q,)`` on the queries' device."""
+    _check_embeddings(queries, "queries", "(Q, D) or (Q, S, D)", (2, 3))
+    _check_embeddings(gallery, "gallery", "(G, D)", (2,))
+    if gallery.device != queries.device:
+        raise ValueError(f"queries and gallery must be on the same device, got {queries.device} and {gallery.device}")
+    if gallery.shape[1] != queries.shape[-1]:
+        raise ValueError(
+            f"queries and gallery must have the same embedding size D, got queries {tuple(queries.shape)} "
+            f"and gallery {tuple(gallery.shape)}"
+        )
+    q = queries.shape[0]
+    t = _check_index(target, "target", q, queries.device)
+    g = gallery.shape[0]
+    if q and (g == 0 or not bool(((t >= 0) & (t < g)).all())):
+        bad = t[(t < 0) | (t >= g)]
+        raise ValueError(f"target must hold gallery rows in [0, {g}) (G = {g}), found {bad[:5].tolist()}")
+    if max_elements < 1:
+        raise ValueError(f"max_elements must be >= 1, got {max_elements}")
+    return t
 
 
 def retrieval_score(ranks: Tensor) -> Tensor:
