@@ -121,23 +121,30 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
 
 def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
     """``(candidate row, how it was chosen)`` for a row with ``candidates``: the candidate with the highest mean
-    validation figure ``report[row.select_key]`` over its recorded seeds (candidates without records are left out);
-    ``None`` when none has records."""
-    means = {}
-    for name in row.candidates:
-        vals = [r["report"][row.select_key] for r in records if r["row"] == name and row.select_key in r["report"]]
-        if vals:
-            means[name] = (statistics.mean(vals), len(vals))
-    if not means:
+    validation figure ``report[row.select_key]``, over the seeds that every candidate with records has run (so that
+    a candidate taken to more seeds is compared on the same ones; each candidate's own seeds when they share none).
+    Candidates without records are left out and named; ``None`` when none has records."""
+    key = row.select_key
+    by_seed = {
+        name: {r["seed"]: r["report"][key] for r in records if r["row"] == name and key in r["report"]}
+        for name in row.candidates
+    }
+    ran = {name: vals for name, vals in by_seed.items() if vals}
+    if not ran:
         return None
-    best = max(means, key=lambda n: means[n][0])
-    listed = ", ".join(f"{n} {m:.4g} ({k} seeds)" for n, (m, k) in means.items())
-    unrun = [n for n in row.candidates if n not in means]
-    if unrun:  # the choice is only among what ran: say so
+    shared = sorted(set.intersection(*(set(vals) for vals in ran.values())))
+    means = {name: statistics.mean(vals[s] for s in shared) if shared else statistics.mean(vals.values())
+             for name, vals in ran.items()}  # fmt: skip
+    best = max(means, key=means.__getitem__)
+    over = f"seeds {', '.join(map(str, shared))}" if shared else "each candidate's own seeds"
+    listed = ", ".join(f"{n} {m:.4g}" for n, m in means.items())
+    unrun = [n for n in row.candidates if n not in ran]
+    if len(ran) == 1 and unrun:  # no choice was made: say so
         return best, f"{best}, the only candidate run so far (not yet run: {', '.join(unrun)}); its mean " + (
-            f"{row.select_key} over the seeds: {listed}"
+            f"{row.select_key} over {over}: {listed}"
         )
-    return best, f"{best}, chosen on validation: the mean {row.select_key} over the seeds of {listed}"
+    note = f" (not yet run: {', '.join(unrun)})" if unrun else ""
+    return best, f"{best}, chosen on validation: the mean {row.select_key} over {over} of {listed}{note}"
 
 
 def summarise(

@@ -93,3 +93,15 @@ def test_asking_for_a_chosen_row_runs_its_candidates_and_never_the_row(study, tm
     assert sorted(ran) == [("a", 0), ("b", 0)]
     logged = [json.loads(line)["row"] for line in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
     assert sorted(logged) == ["a", "b"]
+
+
+def test_candidates_are_compared_on_the_seeds_they_share(study, tmp_path):
+    """``a`` was taken to a third seed where its validation figure is low: the choice compares seeds 0 and 1,
+    which both ran, not a's three against b's two."""
+    recs = [record("a", 0, 0.6, 1.0), record("a", 1, 0.6, 1.0), record("a", 2, 0.1, 1.0)]
+    recs += [record("b", s, 0.5, 2.0) for s in (0, 1)]
+    pick, how = study.select_candidate(rows(study)[0], recs)
+    assert pick == "a" and "over seeds 0, 1" in how and "a 0.6" in how and "b 0.5" in how
+    # the mean over every recorded seed would have chosen b (a: 0.43)
+    doc = study.summarise("s", rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    assert next(r for r in doc["rows"] if r["name"] == "pick")["metrics"]["acc"] == [1.0, 1.0, 1.0]
