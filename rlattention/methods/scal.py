@@ -58,7 +58,9 @@ from rlattention.data.base import ArrayDataset
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.metrics.reid import pairwise_distances, reid_metrics
+from rlattention.rl.reinforce import smoothing_gradient
 from rlattention.vision.backbones import list_backbones
+from rlattention.vision.batchnorm import FrozenBatchNormStats
 from rlattention.vision.resnet import ResNet, narrow_resnet, resnet50
 from rlattention.vision.transforms import random_erasing, random_shift
 from rlattention.vision.trunk import StagedTrunk
@@ -269,37 +271,6 @@ def attention_rewards(
     return {"reward": r, "reward_classification": r_c, "reward_amelioration": r_a}
 
 
-def smoothing_gradient(rewards: Tensor, baseline: Tensor, draws: Tensor, sigma: float) -> Tensor:
-    """The Gaussian-smoothing (evolution-strategies) estimate of ``d E[R] / d mu`` from ``E`` perturbed actions
-    ``mu + sigma * n_e``: ``mean_e (R_e - b) n_e / sigma`` (detached). ``rewards`` ``(E, B)``, ``baseline`` ``(B,)``
-    (any value that does not depend on the draws, e.g. the reward of ``mu`` itself: it leaves the mean unchanged and
-    lowers the variance), ``draws`` ``(E, B, ...)`` standard normal -> ``(B, ...)``."""
-    adv = (rewards - baseline[None]).detach()
-    return (adv.view(*adv.shape, *([1] * (draws.ndim - 2))) * draws.detach()).mean(0) / sigma
-
-
-class _FrozenBatchNormStats:
-    """Inside the block BatchNorm layers in training mode use batch statistics but do not update their
-    running statistics (momentum 0), so an extra diagnostic pass leaves the model's state unchanged."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-    def __enter__(self) -> None:
-        self.saved = [
-            (m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None)
-            for m in self.layers
-        ]
-        for m in self.layers:
-            m.momentum = 0.0
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, (momentum, tracked) in zip(self.layers, self.saved, strict=True):
-            m.momentum = momentum
-            if tracked is not None:
-                m.num_batches_tracked.copy_(tracked)
-
-
 @register_method("scal")
 class SCAL(AttentionMethod):
     Config = SCALConfig
@@ -454,7 +425,7 @@ class SCAL(AttentionMethod):
         if records:
             stats["attention_mean"] = torch.stack([a.detach().mean() for _, a, _ in records]).mean()
         if self.critic is not None:
-            with torch.no_grad(), _FrozenBatchNormStats(self):
+            with torch.no_grad(), FrozenBatchNormStats(self):
                 _, fb_plain, _ = self.embed(images, attend=False)
                 logits_plain = self.classifier(fb_plain)
             rewards = attention_rewards(logits.detach(), logits_plain, labels, cfg.reward)
@@ -498,7 +469,7 @@ class SCAL(AttentionMethod):
         """``explore`` passes with noisy attention (no gradient, BatchNorm statistics untouched): per pass the
         attention records, their rewards ``(B,)`` and the standard-normal draws of every module."""
         out = []
-        with _FrozenBatchNormStats(self):
+        with FrozenBatchNormStats(self):
             for _ in range(self.cfg.explore):
                 noises: list = []
                 _, fb, recs = self.embed(images, noise_std=self.cfg.explore_std, noises=noises)

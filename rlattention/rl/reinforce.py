@@ -47,3 +47,15 @@ def reinforce_loss(
     if per_sample.ndim > 1:
         per_sample = per_sample.sum(dim=tuple(range(1, per_sample.ndim)))
     return per_sample.mean()
+
+
+def smoothing_gradient(rewards: Tensor, baseline: Tensor, draws: Tensor, sigma: float) -> Tensor:
+    """The Gaussian-smoothing (evolution-strategies) estimate of ``d E[R] / d mu`` from ``E`` perturbed actions
+    ``mu + sigma * n_e``: ``mean_e (R_e - b) n_e / sigma`` (detached), the score-function (REINFORCE) gradient of
+    a Gaussian policy with respect to its mean (``d log N(a; mu, sigma^2) / d mu = n / sigma``).
+
+    ``rewards`` ``(E, B)``; ``baseline`` ``(B,)``, any value that does not depend on the draws (e.g. the reward of
+    ``mu`` itself: it leaves the mean unchanged and lowers the variance); ``draws`` ``(E, B, ...)`` standard
+    normal. Returns ``(B, ...)``."""
+    adv = (rewards - baseline[None]).detach()
+    return (adv.view(*adv.shape, *([1] * (draws.ndim - 2))) * draws.detach()).mean(0) / sigma

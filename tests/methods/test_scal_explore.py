@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from rlattention.engine.method import DataInfo
-from rlattention.methods.scal import SCAL, SCALConfig, attention_rewards, smoothing_gradient
+from rlattention.methods.scal import SCAL, SCALConfig, attention_rewards
+from rlattention.rl.reinforce import smoothing_gradient
 
 SIDE, IDS, K = 16, 8, 4
 
@@ -210,7 +211,7 @@ def fitted() -> SCAL:
 def test_the_critic_predicts_fresh_perturbations_better_than_a_constant(fitted):
     m = fitted
     x, y = toy(K, seed=77)
-    m.train()  # batch statistics, as in training (_FrozenBatchNormStats keeps the running ones)
+    m.train()  # batch statistics, as in training (FrozenBatchNormStats keeps the running ones)
     torch.manual_seed(3)
     preds, rewards = [], []
     with torch.no_grad():
