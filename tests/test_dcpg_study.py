@@ -50,7 +50,10 @@ def test_rows_are_the_issues_with_their_configs_and_one_budget(study):
         assert r.overrides == study.BUDGET  # the same budget in every row
         cfg = load_config(ROOT / r.config, r.overrides)  # the config exists and the overrides fit its schema
         assert cfg.method == "dcpg" and cfg.data.name == "digit_scenes"
-        assert cfg.trainer.epochs == int(study.BUDGET[0].split("=")[1])
+        budget = dict(o.split("=") for o in study.BUDGET)
+        assert cfg.trainer.epochs == int(budget["trainer.epochs"])
+        assert cfg.data.num_train == int(budget["data.num_train"])
+        assert cfg.optim.step_epochs == int(budget["optim.step_epochs"]) < cfg.trainer.epochs
         models[r.name] = cfg.model
     full = models["full"]
     assert models["baseline"].pg == "none" and models["noise_matched"].noise_matched and not full.noise_matched
