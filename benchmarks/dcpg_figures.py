@@ -190,7 +190,7 @@ def first_caption_items(image_ids: Sequence[int], num_images: int) -> list[int]:
 def load_dcpg(checkpoint: str | Path, data_dir: str | None = None):
     """``(model, splits)`` of a dcpg checkpoint, as ``rlattention viz`` loads it, in eval mode, with the run's
     rendered scenes looked up in its ``data.render_cache``."""
-    from rlattention.data.strokes import resolve_cache_dir
+    from rlattention.data.readers.strokes import resolve_cache_dir
     from rlattention.engine.trainer import load_for_eval
 
     cfg, model, splits = load_for_eval(checkpoint, data_dir)
@@ -249,7 +249,7 @@ def attention_pairs(model, images, targets) -> list[PairAttention]:
     features' geometry when they carry one. Raises ``NoAttentionPolicyError`` for ``model.pg: none``."""
     import torch
 
-    from rlattention.data.digit_scenes import find_scene_images
+    from rlattention.data.synthetic.digit_scenes import find_scene_images
     from rlattention.methods.dcpg import NoAttentionPolicyError, _feature_boxes, caption_and_region_names
 
     if model.image_policy is None:

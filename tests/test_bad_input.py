@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from rlattention.data import cifar, coco, mnist, photos, precomp, reid, sketch_retrieval, strokes, svhn, text, voc
+from rlattention.data import photos, text
+from rlattention.data.readers import cifar, coco, mnist, precomp, reid, sketch_retrieval, strokes, svhn, voc
 from rlattention.data.safe_pickle import UnsafePickleError
 from rlattention.engine.config import ConfigError, load_config
 

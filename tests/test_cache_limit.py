@@ -19,9 +19,9 @@ from PIL import Image
 from rlattention import cache_limit
 from rlattention.cache_limit import CacheTooLarge, format_bytes, parse_size
 from rlattention.cli import main
-from rlattention.data import sketch_retrieval
 from rlattention.data.config import DataConfig
-from rlattention.data.sketch_retrieval import build_qmul_chairv2
+from rlattention.data.readers import sketch_retrieval
+from rlattention.data.readers.sketch_retrieval import build_qmul_chairv2
 from rlattention.progress import progress_bar, progress_bars
 from rlattention.vision.feature_cache import FeatureCache
 
@@ -169,7 +169,7 @@ def test_a_feature_cache_over_the_limit_writes_nothing(tmp_path: Path, capsys, m
 
 
 def test_digit_scenes_over_the_limit_generate_nothing(tmp_path: Path, require_data, monkeypatch) -> None:
-    from rlattention.data.digit_scenes import _params, estimated_bytes, generate_digit_scenes
+    from rlattention.data.synthetic.digit_scenes import _params, estimated_bytes, generate_digit_scenes
 
     mnist = require_data("mnist")
     monkeypatch.setenv("RLATTENTION_CACHE_LIMIT", "10MB")

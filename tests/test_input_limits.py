@@ -20,13 +20,13 @@ from types import ModuleType
 import pytest
 
 from rlattention.data import limits
-from rlattention.data.coco import CocoFormatError, read_coco_instances
 from rlattention.data.config import DataConfig
 from rlattention.data.limits import InputLimitError, gunzip_limited
-from rlattention.data.mnist import MNIST_FILES, IdxFormatError, load_mnist, read_idx
+from rlattention.data.readers.coco import CocoFormatError, read_coco_instances
+from rlattention.data.readers.mnist import MNIST_FILES, IdxFormatError, load_mnist, read_idx
+from rlattention.data.readers.sketch_retrieval import build_omniglot_sketch, load_omniglot_sketch_index
+from rlattention.data.readers.strokes import SketchFormatError
 from rlattention.data.registry import build_dataset
-from rlattention.data.sketch_retrieval import build_omniglot_sketch, load_omniglot_sketch_index
-from rlattention.data.strokes import SketchFormatError
 from rlattention.engine.config import ConfigError, load_config
 
 _TESTS = Path(__file__).resolve().parent
@@ -315,7 +315,7 @@ def test_coco_file_name_that_leaves_its_folder_is_refused(tmp_path: Path, name: 
 def test_voc_image_id_that_leaves_its_folder_is_refused(tmp_path: Path, image_id: str) -> None:
     """A VOC image set listing an id with ``..`` or an absolute path: one line naming the file, the line and the id;
     nothing is read outside ``VOC2007/`` and no file changes."""
-    from rlattention.data.voc import VocFormatError, read_image_set
+    from rlattention.data.readers.voc import VocFormatError, read_image_set
 
     voc_dir = _fixtures("test_voc").write_tree(_data_dir(tmp_path))
     listing = voc_dir / "ImageSets" / "Main" / "trainval.txt"

@@ -123,8 +123,8 @@ def _multilabel_splits(train_items: int, seed: int = 0, small: bool = False) -> 
     0.8-1.1, no clutter), drawn from the embedded rendered digits instead of MNIST; 256 validation and test
     canvases (``small``: 64)."""
     from rlattention.data.base import ArrayDataset, DataSplits
-    from rlattention.data.digits import make_digits
-    from rlattention.data.multilabel_digits import make_multilabel_digits
+    from rlattention.data.synthetic.digits import make_digits
+    from rlattention.data.synthetic.multilabel_digits import make_multilabel_digits
 
     source, labels = make_digits(2000, canvas=28, seed=seed)
     opts = dict(canvas=64, min_digits=2, max_digits=4, scale_range=(0.8, 1.1), num_clutter=0)

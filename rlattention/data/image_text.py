@@ -1,6 +1,7 @@
-"""Image-text matching datasets in the engine's terms: ``precomp`` (real VSE++/SCAN/VSRN region features and
-captions, :mod:`rlattention.data.precomp`) and ``digit_scenes`` (the generated captioned digit scenes of
-:mod:`rlattention.data.digit_scenes`, written as a precomp folder and read back through the same path).
+"""Image-text matching data in the engine's terms: the layout every image-text dataset returns (``precomp``,
+:mod:`rlattention.data.readers.precomp`; ``image_captions``, :mod:`rlattention.data.readers.image_captions`;
+``digit_scenes``, :mod:`rlattention.data.synthetic.digit_scenes`, written as a precomp folder and read back through
+the same path).
 
 Layout of every split (the contract with ``method: dcpg``): one item per caption.
 
@@ -17,15 +18,13 @@ Splits: ``train`` -> train, ``dev`` -> val, ``test`` -> test (``data.test_split:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rlattention.data.base import ArrayDataset, DataSplits
-from rlattention.data.registry import register_dataset
+from rlattention.data.base import ArrayDataset
 
 
 class GatheredImages:
@@ -68,58 +67,3 @@ def _split_items(features: np.ndarray, captions: list[str], caption_to_image: np
     ids = torch.from_numpy(np.asarray(caption_to_image, dtype=np.int64))
     targets = torch.cat((ids[:, None], tokens), 1)
     return ArrayDataset(GatheredImages(feats[:, None], ids), targets)  # type: ignore[arg-type]
-
-
-def load_precomp_splits(folder: Path, cfg: Any, name: str) -> DataSplits:
-    from rlattention.data.precomp import read_precomp_split
-    from rlattention.data.text import Vocabulary
-
-    test_split = str(getattr(cfg, "test_split", "test") or "test")
-    parts = {split: read_precomp_split(folder, split) for split in ("train", "dev", test_split)}
-    vocab = Vocabulary.build(parts["train"].captions)  # training captions only
-    max_len = int(getattr(cfg, "max_caption_len", 0) or 0)
-    limits = {"train": int(getattr(cfg, "num_train", 0) or 0), "dev": int(getattr(cfg, "num_test", 0) or 0)}
-    limits[test_split] = limits["dev"]
-    out = {}
-    for split, part in parts.items():
-        feats, caps, c2i = part.features, list(part.captions), np.asarray(part.caption_to_image)
-        if limits[split] > 0:  # the first images only (smoke runs), with all their captions
-            keep = c2i < limits[split]
-            feats, caps, c2i = feats[: limits[split]], [c for c, k in zip(caps, keep, strict=True) if k], c2i[keep]
-        out[split] = _split_items(np.asarray(feats), caps, c2i, vocab, max_len)
-    num_train = int(out["train"].targets[:, 0].max()) + 1
-    meta = {"vocab_size": len(vocab), "vocab": vocab.words[4:]}
-    return DataSplits(out["train"], out["dev"], out[test_split], num_train, name=name, meta=meta)
-
-
-@register_dataset("precomp")
-def build_precomp(cfg: Any, data_dir: Path | None) -> DataSplits:
-    if data_dir is None:
-        raise ValueError(
-            "precomp needs a folder with {train,dev,test}_ims.npy and _caps.txt: pass --data-dir or set "
-            "RLATTENTION_DATA (e.g. a VSE++/SCAN data/f30k_precomp folder)"
-        )
-    return load_precomp_splits(Path(data_dir), cfg, "precomp")
-
-
-@register_dataset("digit_scenes")
-def build_digit_scenes(cfg: Any, data_dir: Path | None) -> DataSplits:
-    """Generate (once, cached) captioned digit scenes from real MNIST digits in ``data_dir`` and read them
-    through the precomp path."""
-    from rlattention.data.digit_scenes import generate_digit_scenes
-    from rlattention.data.strokes import resolve_cache_dir
-
-    if data_dir is None:
-        raise ValueError("digit_scenes needs the MNIST idx files: pass --data-dir or set RLATTENTION_DATA")
-    cache = resolve_cache_dir(getattr(cfg, "render_cache", None))
-    if cache is None:
-        raise ValueError("digit_scenes writes a precomp folder: data.render_cache must not disable the cache")
-    n_train = int(getattr(cfg, "num_train", 0) or 0) or 10000
-    n_test = int(getattr(cfg, "num_test", 0) or 0) or 1000
-    seed = int(getattr(cfg, "seed", 0))
-    folder = Path(cache) / f"digit_scenes_s{seed}_{n_train}_{n_test}"
-    generate_digit_scenes(
-        folder, data_dir, num_train=n_train, num_dev=n_test, num_test=n_test, seed=seed, progress=True
-    )  # announced first (what, where, about how many bytes); over $RLATTENTION_CACHE_LIMIT: refused
-    sub = type("Cfg", (), {"test_split": "test", "max_caption_len": getattr(cfg, "max_caption_len", 0)})()
-    return load_precomp_splits(folder, sub, "digit_scenes")

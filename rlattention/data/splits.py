@@ -1,6 +1,8 @@
-"""Fixed-seed train / validation splits of one set of ``n`` examples."""
+"""Fixed-seed train / validation splits of one set of ``n`` examples, and the per-split seed of a generator."""
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 from torch import Tensor
@@ -26,3 +28,8 @@ def train_val_split(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
     val_idx = perm[:val_size].sort().values
     train_idx = perm[val_size:].sort().values
     return train_idx, val_idx
+
+
+def split_seed(seed: int, split: str) -> int:
+    """A generator seed for one split, derived deterministically (and differently per split) from ``seed``."""
+    return (int(seed) * 1_000_003 + zlib.crc32(split.encode())) % (2**63)

@@ -429,7 +429,7 @@ class DCPG(AttentionMethod):
                 "dcpg with model.pg=none (a Table 4 baseline) has no attention policy, so there are no attention "
                 "weights to draw: the region and word features enter the fusion unweighted"
             )
-        from rlattention.data.digit_scenes import find_scene_images
+        from rlattention.data.synthetic.digit_scenes import find_scene_images
 
         n = min(len(images), self.max_figures)
         regions = images[:n].flatten(1, -2) if images.ndim == 4 else images[:n]  # (n, R, F)

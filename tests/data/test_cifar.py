@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlattention.data import cifar
-from rlattention.data.cifar import (
+from rlattention.data.config import DataConfig
+from rlattention.data.readers import cifar
+from rlattention.data.readers.cifar import (
     CIFAR10_CLASSES,
     CIFAR10_DIR,
     CifarFormatError,
@@ -25,7 +26,6 @@ from rlattention.data.cifar import (
     read_cifar_meta,
     read_cifar_pickle,
 )
-from rlattention.data.config import DataConfig
 from rlattention.data.registry import available_datasets, build_dataset
 
 

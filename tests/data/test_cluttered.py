@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from rlattention.data.cluttered import PRESETS, make_cluttered
+from rlattention.data.synthetic.cluttered import PRESETS, make_cluttered
 
 
 def fake_digits(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

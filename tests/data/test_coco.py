@@ -12,8 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from rlattention.data import coco  # noqa: F401  (registers "coco")
-from rlattention.data.coco import (
+from rlattention.data.photos import ImageDecodeError
+from rlattention.data.readers import coco  # noqa: F401  (registers "coco")
+from rlattention.data.readers.coco import (
     CocoFormatError,
     build_coco,
     find_coco_dir,
@@ -21,7 +22,6 @@ from rlattention.data.coco import (
     load_coco,
     read_coco_instances,
 )
-from rlattention.data.photos import ImageDecodeError
 from rlattention.data.registry import build_dataset
 
 SUBSET = "coco_train2017_subset128"

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from test_coco import tiny_instances, write_coco  # the tiny instances json + images of tests/data/test_coco.py
 
-from rlattention.data.coco import build_coco, cv_fold_split
+from rlattention.data.readers.coco import build_coco, cv_fold_split
 from rlattention.engine.config import load_config
 
 N = 10

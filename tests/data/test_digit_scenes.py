@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlattention.data import digit_scenes
-from rlattention.data.digit_scenes import (
+from rlattention.data.readers.precomp import read_precomp_split
+from rlattention.data.synthetic import digit_scenes
+from rlattention.data.synthetic.digit_scenes import (
     COLOUR_NAMES,
     GEOMETRY_DIM,
     MANIFEST_NAME,
@@ -30,7 +31,6 @@ from rlattention.data.digit_scenes import (
     relation,
     scene_captions,
 )
-from rlattention.data.precomp import read_precomp_split
 
 SMALL = dict(num_train=48, num_dev=10, num_test=10, regions=6, canvas=96, cnn_epochs=1, cnn_scenes=48)
 

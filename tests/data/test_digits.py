@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rlattention.data.config import DataConfig
-from rlattention.data.digits import build_digits, make_digits, render_glyphs
 from rlattention.data.registry import build_dataset
+from rlattention.data.synthetic.digits import build_digits, make_digits, render_glyphs
 
 INK = 64  # well above the light noise (std <= 8), well below the strokes
 

@@ -11,17 +11,16 @@ import pytest
 import torch
 
 from rlattention.data.config import DataConfig
-from rlattention.data.mnist import (
+from rlattention.data.readers.mnist import (
     MNIST_FILES,
     IdxFormatError,
-    build_cluttered_mnist,
     build_mnist,
     load_mnist,
     read_idx,
-    split_seed,
 )
 from rlattention.data.registry import available_datasets
-from rlattention.data.splits import train_val_split
+from rlattention.data.splits import split_seed, train_val_split
+from rlattention.data.synthetic.cluttered import build_cluttered_mnist
 
 TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]

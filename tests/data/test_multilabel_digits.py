@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlattention.data import multilabel_digits  # noqa: F401  (registers "multilabel_digits")
-from rlattention.data.multilabel_digits import (
+from rlattention.data.registry import build_dataset
+from rlattention.data.synthetic import multilabel_digits  # noqa: F401  (registers "multilabel_digits")
+from rlattention.data.synthetic.multilabel_digits import (
     CLUTTER_TASK,
     NUM_CLASSES,
     build_multilabel_digits,
     make_multilabel_digits,
 )
-from rlattention.data.registry import build_dataset
 
 
 def value_of(c: int) -> int:
@@ -139,7 +139,7 @@ def test_objects_are_where_the_labels_say():
 
 
 def test_clutter_task_on_real_digits_ink_is_in_the_boxes(require_data):
-    from rlattention.data.mnist import load_mnist
+    from rlattention.data.readers.mnist import load_mnist
 
     images, labels = load_mnist(require_data("mnist"), "test")
     images, labels = images[:2000], labels[:2000]

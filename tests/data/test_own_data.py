@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from rlattention.cli import main
-from rlattention.data.folders import FolderFormatError
 from rlattention.data.photos import ImageDecodeError
+from rlattention.data.readers.folders import FolderFormatError
+from rlattention.data.readers.reid import ROLE_GALLERY, ROLE_QUERY, ROLE_TRAIN, ReidFormatError, parse_person_name
 from rlattention.data.registry import available_datasets, build_dataset
-from rlattention.data.reid import ROLE_GALLERY, ROLE_QUERY, ROLE_TRAIN, ReidFormatError, parse_person_name
 from rlattention.vision.backbones import pretrained_available
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "own-data.md"

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlattention.data import precomp
-from rlattention.data.precomp import (
+from rlattention.data.readers import precomp
+from rlattention.data.readers.precomp import (
     PrecompFormatError,
     available_splits,
     read_captions,

@@ -14,8 +14,7 @@ from PIL import Image
 
 from rlattention.data.config import DataConfig
 from rlattention.data.photos import ImageDecodeError
-from rlattention.data.registry import available_datasets, build_dataset
-from rlattention.data.reid import (
+from rlattention.data.readers.reid import (
     ROLE_GALLERY,
     ROLE_QUERY,
     ROLE_TRAIN,
@@ -26,6 +25,7 @@ from rlattention.data.reid import (
     parse_reid_name,
     split_query_gallery,
 )
+from rlattention.data.registry import available_datasets, build_dataset
 
 SIZE = [16, 8]
 TRAIN_IDS = [2, 7, 11, 20, 33]

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from rlattention.data.config import DataConfig
-from rlattention.data.mnist import load_mnist
+from rlattention.data.readers.mnist import load_mnist
 from rlattention.data.registry import available_datasets, build_dataset
-from rlattention.data.sequences import (
+from rlattention.data.synthetic.sequences import (
     END_TOKEN,
     PAD_TOKEN,
     build_mnist_sequences,

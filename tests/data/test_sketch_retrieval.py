@@ -16,8 +16,7 @@ from PIL import Image
 
 from rlattention.data.config import DataConfig
 from rlattention.data.photos import read_resized_image
-from rlattention.data.registry import available_datasets, build_dataset
-from rlattention.data.sketch_retrieval import (
+from rlattention.data.readers.sketch_retrieval import (
     QMUL_FRAME,
     build_omniglot_sketch,
     build_qmul_chairv2,
@@ -27,13 +26,14 @@ from rlattention.data.sketch_retrieval import (
     load_omniglot_sketch_index,
     load_qmul_chairv2_index,
 )
-from rlattention.data.strokes import (
+from rlattention.data.readers.strokes import (
     OMNIGLOT_FRAME,
     SketchFormatError,
     parse_omniglot_strokes,
     read_qmul_coordinates,
     render_partials,
 )
+from rlattention.data.registry import available_datasets, build_dataset
 
 
 def check_layout(splits, steps: int, size: int) -> None:

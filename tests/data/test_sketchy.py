@@ -17,8 +17,7 @@ from PIL import Image
 
 from rlattention.cli import main
 from rlattention.data.config import DataConfig
-from rlattention.data.registry import available_datasets, build_dataset
-from rlattention.data.sketchy import (
+from rlattention.data.readers.sketchy import (
     SketchyInputError,
     build_sketchy,
     describe_sketchy,
@@ -26,6 +25,7 @@ from rlattention.data.sketchy import (
     read_sketch,
     scan_sketchy,
 )
+from rlattention.data.registry import available_datasets, build_dataset
 
 SIZE = 16  # sketches and photos are drawn at this size, so nothing is resampled and pixels can be compared exactly
 #: photo id -> photo colour; the sketches of photo i are a black square in corner i (see ``corner``)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rlattention.data import cifar, safe_pickle
-from rlattention.data.safe_pickle import PickleReadError, UnsafePickleError, load_restricted_pickle
-from rlattention.data.strokes import (
+from rlattention.data import safe_pickle
+from rlattention.data.readers import cifar
+from rlattention.data.readers.strokes import (
     CACHE_ENV,
     OMNIGLOT_FRAME,
     SketchFormatError,
@@ -33,6 +33,7 @@ from rlattention.data.strokes import (
     resolve_cache_dir,
     sketch_frame,
 )
+from rlattention.data.safe_pickle import PickleReadError, UnsafePickleError, load_restricted_pickle
 
 # ------------------------------------------------------------------------------------------ restricted pickles
 

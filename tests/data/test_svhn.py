@@ -14,8 +14,7 @@ import torch
 from PIL import Image
 
 from rlattention.data.config import DataConfig
-from rlattention.data.registry import available_datasets, build_dataset
-from rlattention.data.svhn import (
+from rlattention.data.readers.svhn import (
     SvhnFormatError,
     build_svhn_cropped,
     center_crop,
@@ -25,6 +24,7 @@ from rlattention.data.svhn import (
     read_cropped_mat,
     read_digit_struct,
 )
+from rlattention.data.registry import available_datasets, build_dataset
 
 FIELDS = ("label", "left", "top", "width", "height")
 BLUE, GREEN, RED, YELLOW = (0, 0, 255), (0, 255, 0), (255, 0, 0), (255, 255, 0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlattention.data.precomp import read_captions
+from rlattention.data.readers.precomp import read_captions
 from rlattention.data.text import (
     END_ID,
     PAD_ID,

@@ -11,10 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from rlattention.data import voc  # noqa: F401  (registers "voc2007")
 from rlattention.data.photos import ImageDecodeError
-from rlattention.data.registry import build_dataset
-from rlattention.data.voc import (
+from rlattention.data.readers import voc  # noqa: F401  (registers "voc2007")
+from rlattention.data.readers.voc import (
     VOC_CLASSES,
     VocFormatError,
     build_voc2007,
@@ -23,6 +22,7 @@ from rlattention.data.voc import (
     parse_annotation,
     read_image_set,
 )
+from rlattention.data.registry import build_dataset
 from rlattention.metrics.multilabel import average_precision
 
 PART = """

@@ -62,6 +62,7 @@ import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
+from rlattention.data.cache import CACHE_ENV, default_cache_dir, resolve_cache_dir
 from rlattention.data.safe_pickle import PickleReadError, load_restricted_pickle
 
 __all__ = [
@@ -90,12 +91,9 @@ __all__ = [
 QMUL_KEY_PATTERN = re.compile(r"^/(train|test)/([^/]+)_([A-Za-z0-9]+)$")
 #: The source rectangle of an Omniglot drawing (after :func:`parse_omniglot_strokes`): its 105 x 105 PNG.
 OMNIGLOT_FRAME: tuple[float, float, float, float] = (0.0, 0.0, 105.0, 105.0)
-#: Environment variable naming the cache folder.
-CACHE_ENV = "RLATTENTION_CACHE"
 #: Bumped whenever the renderer or the cache file layout changes, so that old files are never reused.
 CACHE_FORMAT_VERSION = 1
 
-_DISABLED = ("", "none", "off", "false", "0")
 _ARRAY_NAME = "array"
 
 
@@ -397,25 +395,6 @@ def render_partials_batch(
 
 
 # ---------------------------------------------------------------------------------------------------- cache
-
-
-def default_cache_dir() -> Path | None:
-    """``$RLATTENTION_CACHE`` (``""`` / ``"none"``: disabled) if set, else ``~/.cache/rlattention``."""
-    env = os.environ.get(CACHE_ENV)
-    if env is not None:
-        return None if env.strip().lower() in _DISABLED else Path(env).expanduser()
-    return Path("~/.cache/rlattention").expanduser()
-
-
-def resolve_cache_dir(setting: str | os.PathLike | None) -> Path | None:
-    """The cache folder for a ``render_cache`` config value: ``None`` -> :func:`default_cache_dir`;
-    ``""``, ``"none"``, ``"off"``, ``"false"`` or ``"0"`` (any case) -> ``None`` (no cache); else that folder."""
-    if setting is None:
-        return default_cache_dir()
-    text = os.fspath(setting)
-    if text.strip().lower() in _DISABLED:
-        return None
-    return Path(text).expanduser()
 
 
 def file_fingerprint(path: str | os.PathLike) -> dict[str, Any]:

@@ -25,7 +25,6 @@ Targets (:func:`encode_sequences`): int64 ``(N, max_len + 1)``; positions ``0..l
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,9 +33,10 @@ from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
 from rlattention.data.limits import check_side
-from rlattention.data.mnist import load_mnist, split_seed
+from rlattention.data.readers.mnist import load_mnist
 from rlattention.data.registry import register_dataset
-from rlattention.data.splits import train_val_split
+from rlattention.data.sequence_targets import END_TOKEN, PAD_TOKEN, encode_sequences
+from rlattention.data.splits import split_seed, train_val_split
 
 __all__ = [
     "END_TOKEN",
@@ -47,10 +47,6 @@ __all__ = [
     "make_sequences",
 ]
 
-#: Target token after the last digit of a sequence (the 11th class).
-END_TOKEN = 10
-#: Target token after the end token; ignored by losses and :func:`rlattention.metrics.sequence.sequence_error`.
-PAD_TOKEN = -1
 
 _DIGIT_SIDE = 28
 _CHUNK = 1024  # images rendered at once: <= 5 * 1024 single-digit float canvases (~60 MB at 54x54)
@@ -75,28 +71,6 @@ class SequenceBatch(NamedTuple):
     images: Tensor
     targets: Tensor
     boxes: Tensor
-
-
-def encode_sequences(sequences: Sequence[Sequence[int]], max_len: int) -> Tensor:
-    """Digit lists -> target rows.
-
-    sequences: N lists of digits (0..9), each of length 1..``max_len``.
-    max_len: the longest allowed sequence.
-
-    Returns int64 ``(N, max_len + 1)``: row ``i`` is ``sequences[i]``, then :data:`END_TOKEN`, then
-    :data:`PAD_TOKEN` up to the end. Raises ``ValueError`` for an empty or too long sequence or a digit
-    outside 0..9.
-    """
-    out = torch.full((len(sequences), max_len + 1), PAD_TOKEN, dtype=torch.int64)
-    for i, digits in enumerate(sequences):
-        if not 1 <= len(digits) <= max_len:
-            raise ValueError(f"sequence {i} has {len(digits)} digits, expected 1..{max_len}: {list(digits)}")
-        row = torch.as_tensor(list(digits), dtype=torch.int64)
-        if bool(((row < 0) | (row > 9)).any()):
-            raise ValueError(f"sequence {i} holds a digit outside 0..9: {list(digits)}")
-        out[i, : len(digits)] = row
-        out[i, len(digits)] = END_TOKEN
-    return out
 
 
 def _targets(digit_labels: Tensor, lengths: Tensor) -> Tensor:

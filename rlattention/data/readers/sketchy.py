@@ -16,7 +16,7 @@ for the sketches, default the *first in sorted order* (``tx_000000000000`` in Sk
 sketches); ``cfg.sketchy_photo_variant`` for the photos, default the sketch variant's name when the photo folder
 has it, else its first in sorted order. Naming a variant of a tree without that level is an error.
 
-Layout of every split (the contract of :mod:`rlattention.data.sketch_retrieval` with ``S = 1``; ``H = W =
+Layout of every split (the contract of :mod:`rlattention.data.readers.sketch_retrieval` with ``S = 1``; ``H = W =
 cfg.image_size``):
 
 * ``images``: uint8 ``(N, 1 + 3, H, W)``, one row per sketch. Channel 0 is the complete sketch, ink 255 on
@@ -50,7 +50,7 @@ count and its first offenders. With ``cfg.skip_bad`` they are left out with a ``
 folder is a ``FileNotFoundError`` and a folder without sketches or photos a ``ValueError``, both naming the path.
 
 Cache: the decoded sketches and photos are cached like the ChairV2 photos
-(:func:`rlattention.data.strokes.cached_render_stack` in ``cfg.render_cache``), keyed by every file's path, size
+(:func:`rlattention.data.readers.strokes.cached_render_stack` in ``cfg.render_cache``), keyed by every file's path, size
 and modification time; a build that met unreadable files writes no cache. :func:`scan_sketchy` (``rlattention data
 info sketchy``) only lists the folders: it decodes nothing and writes nothing.
 """
@@ -72,12 +72,11 @@ from PIL import Image
 
 from rlattention.data.base import DataSplits
 from rlattention.data.limits import check_side
-from rlattention.data.mnist import split_seed
 from rlattention.data.photos import ImageDecodeError, holdout_split, read_resized_image
+from rlattention.data.readers.sketch_retrieval import _dataset, _option, _rows
+from rlattention.data.readers.strokes import cached_render_stack, resolve_cache_dir
 from rlattention.data.registry import register_dataset
-from rlattention.data.sketch_retrieval import _dataset, _option, _rows
-from rlattention.data.splits import train_val_split
-from rlattention.data.strokes import cached_render_stack, resolve_cache_dir
+from rlattention.data.splits import split_seed, train_val_split
 from rlattention.progress import progress_bar
 
 __all__ = [

@@ -5,7 +5,7 @@ Layout of every split (the contract with the ``darp`` method). With ``S = cfg.co
 and ``H = W = cfg.image_size``:
 
 * ``images``: uint8 ``(N, S + 3, H, W)``, one row per query sketch. Channels ``0 .. S-1`` are the ``S``
-  partial renders of the sketch (:func:`rlattention.data.strokes.render_partials`: channel ``s - 1`` shows
+  partial renders of the sketch (:func:`rlattention.data.readers.strokes.render_partials`: channel ``s - 1`` shows
   the first ``ceil(s * P / S)`` of its ``P`` points; ink 255 on background 0, line width ``cfg.line_width``
   output pixels; the ink of channel ``s`` contains that of channel ``s - 1`` and channel ``S - 1`` is the
   complete sketch). Channels ``S .. S+2`` are the query's true photo as RGB, resized to ``H x W``.
@@ -17,7 +17,7 @@ and ``H = W = cfg.image_size``:
   and the galleries shrink with them.
 
 Memory: ``N * (S + 3) * H * W`` bytes, about 104 MB for the 1275 ChairV2 sketches at 64 px (1.3 GB at 224).
-The renders (and the ChairV2 photos) are cached on disk by :func:`rlattention.data.strokes.cached_render_stack`
+The renders (and the ChairV2 photos) are cached on disk by :func:`rlattention.data.readers.strokes.cached_render_stack`
 in ``cfg.render_cache`` (``null``: ``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``; ``""`` / ``"none"``:
 no cache); a build announces its size first and stops over ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB, see
 :mod:`rlattention.cache_limit`); the split settings are checked before anything is rendered.
@@ -25,7 +25,7 @@ no cache); a build announces its size first and stops over ``$RLATTENTION_CACHE_
 photos and renders per split and the cache files' sizes from the files alone: nothing is rendered or written.
 
 ``qmul_chairv2`` (QMUL-Chair-V2, Yu et al. CVPR 2016; coordinates of Bhunia et al. CVPR 2020). Folder
-``qmul_chairv2/`` holding ``ChairV2_Coordinate`` (the coordinate pickle, see :mod:`rlattention.data.strokes`;
+``qmul_chairv2/`` holding ``ChairV2_Coordinate`` (the coordinate pickle, see :mod:`rlattention.data.readers.strokes`;
 1275 sketches: 952 under ``/train``, 323 under ``/test``) and ``photo/<photo_id>.png`` (400 photos: 300 of
 training sketches, 100 of test sketches; RGB, 256 x 256 or 500 x 500). ``/train`` sketches are split into
 train and validation *by photo*: ``cfg.val_size`` of the training photos (seeded by ``cfg.seed``, with
@@ -47,7 +47,7 @@ is the PNG of its *first* drawer (lowest drawing name, ``..._01``); the queries 
 drawers. The first drawer's own strokes are not used: the PNG is a rendering of exactly those strokes, so matching
 them would be trivial, while another person's drawing of the same character is a genuine fine-grained match. The
 PNG (black ink on white) is kept as a grayscale photo replicated to 3 channels; the sketches are rendered in the
-PNG's frame, :data:`rlattention.data.strokes.OMNIGLOT_FRAME`. Splits are by character: a seeded
+PNG's frame, :data:`rlattention.data.readers.strokes.OMNIGLOT_FRAME`. Splits are by character: a seeded
 ``cfg.test_fraction`` of the characters is the test split, ``cfg.val_size`` characters of the rest (seeded, as
 above) the validation split. Photo ids are ``small{k}/<alphabet>/<character>/<drawing>``.
 """
@@ -70,11 +70,8 @@ from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.limits import check_archive, check_side, read_member
-from rlattention.data.mnist import split_seed
 from rlattention.data.photos import ImageDecodeError, holdout_split, load_resized_images
-from rlattention.data.registry import register_dataset
-from rlattention.data.splits import train_val_split
-from rlattention.data.strokes import (
+from rlattention.data.readers.strokes import (
     OMNIGLOT_FRAME,
     SketchFormatError,
     cached_render_stack,
@@ -85,6 +82,8 @@ from rlattention.data.strokes import (
     render_partials_batch,
     resolve_cache_dir,
 )
+from rlattention.data.registry import register_dataset
+from rlattention.data.splits import split_seed, train_val_split
 
 __all__ = [
     "CHAIRV2_COORDINATES",
@@ -152,7 +151,7 @@ def find_qmul_chairv2_dir(root: str | os.PathLike) -> Path:
 def load_qmul_chairv2_index(root: str | os.PathLike) -> QmulChairV2Index:
     """Read ``ChairV2_Coordinate`` under ``root`` (see :func:`find_qmul_chairv2_dir`) and check that the photo
     ``photo/<photo_id>.png`` of every sketch exists (``FileNotFoundError`` naming the first missing file and a
-    sketch that needs it). Format errors are :class:`rlattention.data.strokes.SketchFormatError`."""
+    sketch that needs it). Format errors are :class:`rlattention.data.readers.strokes.SketchFormatError`."""
     folder = find_qmul_chairv2_dir(root)
     path = folder / CHAIRV2_COORDINATES
     data = read_qmul_coordinates(path)
@@ -264,7 +263,7 @@ def _drawing_name(member: str) -> str:
 def load_omniglot_sketch_index(root: str | os.PathLike, subsets: Sequence[int] = (1,)) -> OmniglotSketchIndex:
     """List the characters of the Omniglot small background ``subsets`` under ``root`` (see
     :func:`find_omniglot_dir`) without decoding anything: per character the gallery PNG (first drawer) and
-    the stroke files of the other drawers. Raises :class:`rlattention.data.strokes.SketchFormatError` naming
+    the stroke files of the other drawers. Raises :class:`rlattention.data.readers.strokes.SketchFormatError` naming
     the zip for an unreadable zip, a character with fewer than 2 drawings, or a drawing without its stroke file.
     """
     subsets = _check_subsets(subsets)
@@ -581,7 +580,7 @@ def _cache_lines(opts: _RenderOptions, entries: Sequence[tuple[str, dict[str, An
     """One line per cache file a build would use: ``(label, key, bytes)``; says whether it is there already,
     or how much the first fit / eval would write and whether that is over the cache limit."""
     from rlattention.cache_limit import CACHE_LIMIT_ENV, cache_limit, format_bytes
-    from rlattention.data.strokes import cache_file
+    from rlattention.data.readers.strokes import cache_file
 
     if opts.cache_dir is None:
         return ["  render cache: off (data.render_cache): every fit / eval renders in memory, writes nothing"]

@@ -36,11 +36,14 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from rlattention.data.text import atomic_write
+from rlattention.data.base import DataSplits
+from rlattention.data.image_text import _split_items
+from rlattention.data.registry import register_dataset
+from rlattention.data.text import Vocabulary, atomic_write
 
 __all__ = [
     "CAPTIONS_PER_IMAGE",
@@ -50,8 +53,10 @@ __all__ = [
     "PrecompFormatError",
     "PrecompSplit",
     "available_splits",
+    "build_precomp",
     "captions_path",
     "features_path",
+    "load_precomp_splits",
     "read_captions",
     "read_precomp_split",
     "write_precomp_split",
@@ -338,3 +343,32 @@ def write_precomp_split(
     atomic_write(ims, lambda f: np.save(f, array, allow_pickle=False))
     atomic_write(caps, lambda f: f.write(text))
     return ims, caps
+
+
+def load_precomp_splits(folder: Path, cfg: Any, name: str) -> DataSplits:
+    test_split = str(getattr(cfg, "test_split", "test") or "test")
+    parts = {split: read_precomp_split(folder, split) for split in ("train", "dev", test_split)}
+    vocab = Vocabulary.build(parts["train"].captions)  # training captions only
+    max_len = int(getattr(cfg, "max_caption_len", 0) or 0)
+    limits = {"train": int(getattr(cfg, "num_train", 0) or 0), "dev": int(getattr(cfg, "num_test", 0) or 0)}
+    limits[test_split] = limits["dev"]
+    out = {}
+    for split, part in parts.items():
+        feats, caps, c2i = part.features, list(part.captions), np.asarray(part.caption_to_image)
+        if limits[split] > 0:  # the first images only (smoke runs), with all their captions
+            keep = c2i < limits[split]
+            feats, caps, c2i = feats[: limits[split]], [c for c, k in zip(caps, keep, strict=True) if k], c2i[keep]
+        out[split] = _split_items(np.asarray(feats), caps, c2i, vocab, max_len)
+    num_train = int(out["train"].targets[:, 0].max()) + 1
+    meta = {"vocab_size": len(vocab), "vocab": vocab.words[4:]}
+    return DataSplits(out["train"], out["dev"], out[test_split], num_train, name=name, meta=meta)
+
+
+@register_dataset("precomp")
+def build_precomp(cfg: Any, data_dir: Path | None) -> DataSplits:
+    if data_dir is None:
+        raise ValueError(
+            "precomp needs a folder with {train,dev,test}_ims.npy and _caps.txt: pass --data-dir or set "
+            "RLATTENTION_DATA (e.g. a VSE++/SCAN data/f30k_precomp folder)"
+        )
+    return load_precomp_splits(Path(data_dir), cfg, "precomp")

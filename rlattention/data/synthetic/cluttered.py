@@ -1,5 +1,5 @@
 """Cluttered translated digits (Mnih et al., 2014): each digit at a random place on a larger canvas, plus
-small fragments cut from other digits as distractors.
+small fragments cut from other digits as distractors; the ``cluttered_mnist`` dataset (real MNIST digits).
 
 Everything is batched over the N images (gather / scatter on flattened canvases); the only Python loops
 run over the few clutter fragments and over fixed-size chunks of images that bound the index memory.
@@ -7,12 +7,19 @@ run over the few clutter fragments and over fixed-size chunks of images that bou
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from rlattention.data.base import check_digit_images
+from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
+from rlattention.data.limits import check_side
+from rlattention.data.readers.mnist import mnist_splits
+from rlattention.data.registry import register_dataset
+from rlattention.data.splits import split_seed
 
-__all__ = ["PRESETS", "make_cluttered"]
+__all__ = ["PRESETS", "build_cluttered_mnist", "make_cluttered"]
 
 #: The two settings of the RAM paper: 60x60 with 4 fragments and 100x100 with 10 fragments (8x8 each).
 PRESETS: dict[str, dict[str, int]] = {
@@ -20,6 +27,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "100x100": dict(canvas=100, num_clutter=10),
 }
 
+_NUM_CLASSES = 10
 _CHUNK = 8192  # images per scatter chunk: bounds the int64 index tensors to ~50 MB for 28x28 patches
 
 
@@ -116,3 +124,31 @@ def make_cluttered(
             top, left = randint(canvas - clutter_size + 1), randint(canvas - clutter_size + 1)
             _paste_max(flat, fragment, top, left, canvas)
     return flat.view(n, 1, canvas, canvas), labels.to(torch.int64).clone()
+
+
+def _option(cfg: Any, name: str, default: Any) -> Any:
+    """``cfg.name`` for a DataConfig, an OmegaConf node or any namespace; ``default`` if absent or None."""
+    value = getattr(cfg, name, None)
+    return default if value is None else value
+
+
+@register_dataset("cluttered_mnist")
+def build_cluttered_mnist(cfg: Any, data_dir: Path | None) -> DataSplits:
+    """Cluttered translated MNIST, 10 classes: each real split (as in ``mnist``) placed on a
+    ``cfg.canvas_size`` (default 60) canvas with ``cfg.num_clutter`` fragments of ``cfg.clutter_size`` px
+    cut from the same split's digits. Seeds come from ``cfg.seed`` and the split name (:func:`split_seed`),
+    so train, val and test get different layouts.
+    """
+    canvas = int(_option(cfg, "canvas_size", 0)) or 60
+    num_clutter = int(_option(cfg, "num_clutter", 4))
+    clutter_size = int(_option(cfg, "clutter_size", 8))
+    check_side("data.canvas_size", canvas)
+    check_side("data.clutter_size", clutter_size)
+    seed = int(_option(cfg, "seed", 0))
+    parts: list[ArrayDataset] = []
+    for split, part in zip(("train", "val", "test"), mnist_splits(cfg, data_dir), strict=True):
+        images, labels = make_cluttered(
+            part.images, part.targets, canvas, num_clutter, clutter_size, seed=split_seed(seed, split)
+        )
+        parts.append(ArrayDataset(images, labels))
+    return DataSplits(*parts, num_classes=_NUM_CLASSES, name="cluttered_mnist")

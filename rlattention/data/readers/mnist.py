@@ -1,4 +1,5 @@
-"""MNIST read from its IDX files (plain or ``.gz``); the ``mnist`` and ``cluttered_mnist`` datasets.
+"""MNIST read from its IDX files (plain or ``.gz``); the ``mnist`` dataset (``cluttered_mnist``, its digits on
+cluttered canvases: :mod:`rlattention.data.synthetic.cluttered`).
 
 The IDX format (LeCun et al.): a 4-byte big-endian magic number ``0x0000TTDD`` (two zero bytes, a
 type code ``TT``, the number of dimensions ``DD``), then ``DD`` big-endian uint32 sizes, then the
@@ -19,8 +20,7 @@ from torch import Tensor
 
 from rlattention.data import limits
 from rlattention.data.base import ArrayDataset, DataSplits
-from rlattention.data.cluttered import make_cluttered
-from rlattention.data.limits import InputLimitError, check_side, gunzip_limited
+from rlattention.data.limits import InputLimitError, gunzip_limited
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import train_val_split
 
@@ -28,13 +28,11 @@ __all__ = [
     "IDX_DTYPES",
     "MNIST_FILES",
     "IdxFormatError",
-    "build_cluttered_mnist",
     "build_mnist",
     "find_mnist_files",
     "load_mnist",
     "mnist_splits",
     "read_idx",
-    "split_seed",
 ]
 
 #: IDX type code -> numpy dtype (big-endian as stored on disk).
@@ -276,35 +274,8 @@ def mnist_splits(cfg: Any, data_dir: Path | None) -> tuple[ArrayDataset, ArrayDa
     return _head(train, num_train), _head(val, num_test), _head(test, num_test)
 
 
-def split_seed(seed: int, split: str) -> int:
-    """A generator seed for one split, derived deterministically (and differently per split) from ``seed``."""
-    return (int(seed) * 1_000_003 + zlib.crc32(split.encode())) % (2**63)
-
-
 @register_dataset("mnist")
 def build_mnist(cfg: Any, data_dir: Path | None) -> DataSplits:
     """MNIST, 1x28x28 uint8 images, 10 classes (see :func:`mnist_splits` for the splits)."""
     train, val, test = mnist_splits(cfg, data_dir)
     return DataSplits(train, val, test, num_classes=_NUM_CLASSES, name="mnist")
-
-
-@register_dataset("cluttered_mnist")
-def build_cluttered_mnist(cfg: Any, data_dir: Path | None) -> DataSplits:
-    """Cluttered translated MNIST, 10 classes: each real split (as in ``mnist``) placed on a
-    ``cfg.canvas_size`` (default 60) canvas with ``cfg.num_clutter`` fragments of ``cfg.clutter_size`` px
-    cut from the same split's digits. Seeds come from ``cfg.seed`` and the split name (:func:`split_seed`),
-    so train, val and test get different layouts.
-    """
-    canvas = int(_option(cfg, "canvas_size", 0)) or 60
-    num_clutter = int(_option(cfg, "num_clutter", 4))
-    clutter_size = int(_option(cfg, "clutter_size", 8))
-    check_side("data.canvas_size", canvas)
-    check_side("data.clutter_size", clutter_size)
-    seed = int(_option(cfg, "seed", 0))
-    parts: list[ArrayDataset] = []
-    for split, part in zip(("train", "val", "test"), mnist_splits(cfg, data_dir), strict=True):
-        images, labels = make_cluttered(
-            part.images, part.targets, canvas, num_clutter, clutter_size, seed=split_seed(seed, split)
-        )
-        parts.append(ArrayDataset(images, labels))
-    return DataSplits(*parts, num_classes=_NUM_CLASSES, name="cluttered_mnist")

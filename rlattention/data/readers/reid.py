@@ -89,14 +89,11 @@ import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 
-from rlattention.data import limits
 from rlattention.data.base import ArrayDataset, DataSplits
-from rlattention.data.limits import check_archive, check_count, check_side, read_member
-from rlattention.data.mnist import split_seed
+from rlattention.data.limits import check_archive, check_side, read_member
 from rlattention.data.photos import ImageDecodeError, holdout_split
+from rlattention.data.readers.sketch_retrieval import find_omniglot_folder
 from rlattention.data.registry import register_dataset
-from rlattention.data.sketch_retrieval import find_omniglot_folder
-from rlattention.data.splits import train_val_split
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -111,7 +108,6 @@ __all__ = [
     "build_dukemtmc",
     "build_market1501",
     "build_omniglot_reid",
-    "build_reid_folder",
     "find_omniglot_reid_dir",
     "find_reid_dir",
     "list_reid_images",
@@ -445,100 +441,6 @@ def build_market1501(cfg: Any, data_dir: Path | None) -> DataSplits:
 def build_dukemtmc(cfg: Any, data_dir: Path | None) -> DataSplits:
     """DukeMTMC-reID person re-id: the ``market1501`` reader on ``data_dir/DukeMTMC-reID``."""
     return _build_folder(cfg, data_dir, "dukemtmc")
-
-
-_REID_FOLDER_LAYOUT = "ROOT/train/<pid>_c<cam>_<...>.jpg, optional ROOT/query/ and ROOT/gallery/ with the same names"
-
-
-@register_dataset("reid_folder")
-def build_reid_folder(cfg: Any, data_dir: Path | None) -> DataSplits:
-    """Person re-id from a folder of one's own: ``train/`` and, optionally, ``query/`` + ``gallery/``, files named
-    ``<pid>_c<cam>[_<anything>].<ext>`` (module docstring). The splits have ``market1501``'s layout; without
-    ``query/`` and ``gallery/`` the test identities are a seeded ``test_fraction`` of the training identities.
-
-    Config: ``reid_size``, ``reid_val_ids``, ``test_fraction``, ``seed``, ``num_train`` / ``num_test`` (first
-    identities).
-    """
-    if data_dir is None:
-        raise ValueError(
-            f"reid_folder reads a folder of your own: pass --data-dir or set RLATTENTION_DATA ({_REID_FOLDER_LAYOUT})"
-        )
-    root = Path(data_dir).expanduser()
-    if not (root / "train").is_dir():
-        raise FileNotFoundError(f"reid_folder: no train/ folder in {root} (expected {_REID_FOLDER_LAYOUT})")
-    size = _reid_size(cfg)
-    given = [(root / sub).is_dir() for sub in ("query", "gallery")]
-    if any(given) and not all(given):
-        there, missing = ("query", "gallery") if given[0] else ("gallery", "query")
-        raise FileNotFoundError(f"{root}: has {there}/ but no {missing}/ (expected {_REID_FOLDER_LAYOUT})")
-    train_all = list_reid_images(root / "train", parse_person_name)
-    check_count(str(root / "train"), "images", len(train_all), limits.MAX_IMAGES, ReidFormatError)
-    train_recs = [r for r in train_all if r.pid > 0]
-    if not train_recs:
-        raise ReidFormatError(f"{root / 'train'}: no training images (person ids >= 1; expected {_REID_FOLDER_LAYOUT})")
-    num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
-    ids = np.array(sorted({r.pid for r in train_recs}), dtype=np.int64)
-    rec_pids = np.array([r.pid for r in train_recs], dtype=np.int64)
-    rec_cams = np.array([r.camid for r in train_recs], dtype=np.int64)
-
-    def query_gallery(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _query_first(rows, split_query_gallery(rec_pids[rows], rec_cams[rows]))
-
-    if all(given):  # the test split is query/ then gallery/, as Market's
-        query_all = list_reid_images(root / "query", parse_person_name)
-        gallery_all = list_reid_images(root / "gallery", parse_person_name)
-        check_count(
-            str(root), "images", len(train_all) + len(query_all) + len(gallery_all), limits.MAX_IMAGES, ReidFormatError
-        )
-        queries = [r for r in query_all if r.pid > 0]
-        if not queries:
-            raise ReidFormatError(f"{root / 'query'}: no query images (person ids >= 1)")
-        shared = set(ids.tolist()) & {r.pid for r in query_all + gallery_all if r.pid > 0}
-        if shared:
-            raise ReidFormatError(
-                f"{root}: {len(shared)} identities (e.g. {min(shared)}) are in train/ and in query/ or gallery/; "
-                "train and test identities must be disjoint"
-            )
-        test_ids = _first_ids(np.array(sorted({r.pid for r in queries}), dtype=np.int64), num_test)
-        kept = set(test_ids.tolist())
-        queries = [r for r in queries if r.pid in kept]
-        gallery = gallery_all if num_test <= 0 else [r for r in gallery_all if r.pid in kept]
-        test_recs = queries + gallery
-        test_paths = [r.path for r in test_recs]
-        test_p = np.array([r.pid for r in test_recs], dtype=np.int64)
-        test_c = np.array([r.camid for r in test_recs], dtype=np.int64)
-        test_r = np.array([ROLE_QUERY] * len(queries) + [ROLE_GALLERY] * len(gallery), dtype=np.int64)
-        all_recs = train_all + query_all + gallery_all
-    else:  # test identities carved from train/, before the validation identities
-        fraction = float(_option(cfg, "test_fraction", 0.25))
-        if not 0.0 < fraction < 1.0:
-            raise ValueError(f"data.test_fraction must be in (0, 1) to carve test identities, got {fraction}")
-        if len(ids) < 2:
-            raise ReidFormatError(f"{root / 'train'}: {len(ids)} identity cannot be split into train and test")
-        held = min(max(1, round(len(ids) * fraction)), len(ids) - 1)
-        keep, test_idx = train_val_split(len(ids), held, split_seed(int(_option(cfg, "seed", 0)), "test"))
-        test_ids, ids = _first_ids(ids[test_idx.numpy()], num_test), ids[keep.numpy()]
-        rows, test_r = query_gallery(np.flatnonzero(np.isin(rec_pids, test_ids)))
-        test_paths = [train_recs[i].path for i in rows]
-        test_p, test_c = rec_pids[rows], rec_cams[rows]
-        all_recs = train_all
-    train_ids, val_ids, overlap = _held_out_ids(ids, cfg, str(root / "train"))
-    train_ids, val_ids = _first_ids(train_ids, num_train), _first_ids(val_ids, num_test)
-    train_rows = np.flatnonzero(np.isin(rec_pids, train_ids))
-    val_rows, val_roles = query_gallery(np.flatnonzero(np.isin(rec_pids, val_ids)))
-
-    paths = [train_recs[i].path for i in train_rows] + [train_recs[i].path for i in val_rows] + test_paths
-    images = _load_files(paths, size)
-    n_train, n_val = len(train_rows), len(val_rows)
-    relabel = np.searchsorted(train_ids, rec_pids[train_rows])  # train_ids is sorted
-    train = ArrayDataset(
-        images[:n_train], _targets(relabel, rec_cams[train_rows], np.full(n_train, ROLE_TRAIN, dtype=np.int64))
-    )
-    val = ArrayDataset(images[n_train : n_train + n_val], _targets(rec_pids[val_rows], rec_cams[val_rows], val_roles))
-    test = ArrayDataset(images[n_train + n_val :], _targets(test_p, test_c, test_r))
-    meta = _meta(train, val, test, len(train_ids), len(val_ids), len(test_ids), overlap, 3)
-    meta.update(num_cameras=max(r.camid for r in all_recs) + 1, folder=str(root))
-    return DataSplits(train, val, test, num_classes=len(train_ids), name="reid_folder", meta=meta)
 
 
 # -------------------------------------------------------------------------------------------------- Omniglot

@@ -35,9 +35,9 @@ from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits, check_digit_images
 from rlattention.data.limits import check_side
-from rlattention.data.mnist import load_mnist, split_seed
+from rlattention.data.readers.mnist import load_mnist
 from rlattention.data.registry import register_dataset
-from rlattention.data.splits import train_val_split
+from rlattention.data.splits import split_seed, train_val_split
 
 __all__ = ["CLUTTER_TASK", "NUM_CLASSES", "build_multilabel_digits", "make_multilabel_digits"]
 

@@ -39,10 +39,9 @@ from torch import Tensor
 from rlattention.data import limits
 from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.limits import check_count, check_name_inside, check_side
-from rlattention.data.mnist import split_seed
 from rlattention.data.photos import holdout_split, load_resized_images
 from rlattention.data.registry import register_dataset
-from rlattention.data.splits import train_val_split
+from rlattention.data.splits import split_seed, train_val_split
 
 __all__ = [
     "COCO_SPLITS",

@@ -1,5 +1,5 @@
 """Captioned digit scenes: a CPU-sized stand-in for image-text matching benchmarks (Flickr30k, COCO), written
-to disk in the VSE++/SCAN/VSRN ``precomp`` layout (:mod:`rlattention.data.precomp`), so that a matching model
+to disk in the VSE++/SCAN/VSRN ``precomp`` layout (:mod:`rlattention.data.readers.precomp`), so that a matching model
 trains through the same reader as real bottom-up region features.
 
 Scenes. A black ``canvas x canvas`` RGB image holds 2 to 4 real MNIST digits of *distinct* classes (so a
@@ -18,7 +18,7 @@ digit's class names it uniquely in its scene). Each digit has
 Splits: ``train`` scenes use the 60,000 MNIST training digits; ``dev`` and ``test`` scenes use the MNIST test
 digits, split into two disjoint halves by a seeded permutation (dev: the first 5,000, test: the rest), so no
 evaluation scene shares a glyph with training or with the other evaluation split. Every split is drawn from
-its own ``numpy`` generators seeded with ``split_seed(seed, split)`` (:func:`rlattention.data.mnist.split_seed`).
+its own ``numpy`` generators seeded with ``split_seed(seed, split)`` (:func:`rlattention.data.splits.split_seed`).
 
 Relations (:func:`relation`): ``a`` is ``"left of"`` ``b`` when ``a.x1 <= b.x0`` (``"right of"``: ``a.x0 >=
 b.x1``; ``"above"``: ``a.y1 <= b.y0``; ``"below"``: ``a.y0 >= b.y1``), on the axis along which the two boxes
@@ -97,8 +97,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rlattention.data import limits
-from rlattention.data.mnist import find_mnist_files, load_mnist, split_seed
-from rlattention.data.precomp import CAPTIONS_PER_IMAGE, write_precomp_split
+from rlattention.data.base import DataSplits
+from rlattention.data.cache import resolve_cache_dir
+from rlattention.data.readers.mnist import find_mnist_files, load_mnist
+from rlattention.data.readers.precomp import CAPTIONS_PER_IMAGE, load_precomp_splits, write_precomp_split
+from rlattention.data.registry import register_dataset
+from rlattention.data.splits import split_seed
 from rlattention.progress import progress_bar
 from rlattention.vision.backbones import SmallCNN
 from rlattention.vision.crops import crop_boxes
@@ -118,6 +122,7 @@ __all__ = [
     "RegionCNN",
     "SceneDigit",
     "SceneImages",
+    "build_digit_scenes",
     "digit_sides",
     "estimated_bytes",
     "find_scene_images",
@@ -942,7 +947,7 @@ def generate_digit_scenes(
 ) -> Path:
     """Write a captioned digit-scenes dataset in the precomp layout into ``out_dir`` (see the module docstring).
 
-    mnist_root: the MNIST folder (as for :func:`rlattention.data.mnist.load_mnist`).
+    mnist_root: the MNIST folder (as for :func:`rlattention.data.readers.mnist.load_mnist`).
     num_train / num_dev / num_test: scenes per split (the test protocol is 1,000 images, as for Flickr30k).
     regions: regions per image (digit boxes + distractors), at least ``digits[1]``.
     seed: the seed of everything (layouts, captions, the region CNN's initialisation and batches).
@@ -1070,13 +1075,13 @@ def find_scene_images(
     features: ``(B, R, D)`` region features of ``B`` items; image_ids: ``(B,)`` the index of each item's image
     in its split (column 0 of the image-text targets). Searched: every generated folder in ``roots`` (a root is
     either such a folder or a cache folder holding ``digit_scenes_*`` folders; default: the default cache,
-    :func:`rlattention.data.strokes.default_cache_dir`) and every split of it whose scenes were saved
+    :func:`rlattention.data.cache.default_cache_dir`) and every split of it whose scenes were saved
     (``image_splits``, dev and test by default). A split matches when its saved features of those images equal
     ``features`` (within ``atol``), so a figure never shows the wrong scene. Nothing is generated or written;
     the feature files are memory-mapped, only the rows of ``image_ids`` are read.
     """
     if roots is None:
-        from rlattention.data.strokes import default_cache_dir
+        from rlattention.data.cache import default_cache_dir
 
         default = default_cache_dir()
         roots = [default] if default is not None else []
@@ -1103,3 +1108,23 @@ def find_scene_images(
                 folder, split, np.array(images[ids]), np.array(boxes[ids], dtype=np.float32), [scenes[i] for i in ids]
             )
     return None
+
+
+@register_dataset("digit_scenes")
+def build_digit_scenes(cfg: Any, data_dir: Path | None) -> DataSplits:
+    """Generate (once, cached) captioned digit scenes from real MNIST digits in ``data_dir`` and read them
+    through the precomp path."""
+    if data_dir is None:
+        raise ValueError("digit_scenes needs the MNIST idx files: pass --data-dir or set RLATTENTION_DATA")
+    cache = resolve_cache_dir(getattr(cfg, "render_cache", None))
+    if cache is None:
+        raise ValueError("digit_scenes writes a precomp folder: data.render_cache must not disable the cache")
+    n_train = int(getattr(cfg, "num_train", 0) or 0) or 10000
+    n_test = int(getattr(cfg, "num_test", 0) or 0) or 1000
+    seed = int(getattr(cfg, "seed", 0))
+    folder = Path(cache) / f"digit_scenes_s{seed}_{n_train}_{n_test}"
+    generate_digit_scenes(
+        folder, data_dir, num_train=n_train, num_dev=n_test, num_test=n_test, seed=seed, progress=True
+    )  # announced first (what, where, about how many bytes); over $RLATTENTION_CACHE_LIMIT: refused
+    sub = type("Cfg", (), {"test_split": "test", "max_caption_len": getattr(cfg, "max_caption_len", 0)})()
+    return load_precomp_splits(folder, sub, "digit_scenes")

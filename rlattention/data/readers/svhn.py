@@ -18,7 +18,7 @@ by 30 % in x and in y (about its centre, clipped to the image), cropped and resi
 window is kept. Here the window is the deterministic centre crop, taken at load time; the random 54x54
 crops of the paper are augmentation (:func:`random_crop`; load with ``crop=None`` to keep the 64x64).
 Targets of full numbers are int64 ``(N, max_digits + 1)``: the digits left to right, the end token 10, then
--1 padding (:func:`rlattention.data.sequences.encode_sequences`). Nothing is cached on disk.
+-1 padding (:func:`rlattention.data.sequence_targets.encode_sequences`). Nothing is cached on disk.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
 from rlattention.data.registry import register_dataset
-from rlattention.data.sequences import END_TOKEN, encode_sequences
+from rlattention.data.sequence_targets import END_TOKEN, encode_sequences
 from rlattention.data.splits import train_val_split
 
 if TYPE_CHECKING:
