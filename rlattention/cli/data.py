@@ -34,7 +34,7 @@ def command(args) -> int:
 
 def _describers() -> dict:
     """``data info`` of the datasets whose build renders or decodes into the cache: counted from the files."""
-    from rlattention.data.readers.sketch_retrieval import describe_omniglot_sketch, describe_qmul_chairv2
+    from rlattention.data.readers.sketch_info import describe_omniglot_sketch, describe_qmul_chairv2
     from rlattention.data.readers.sketchy import describe_sketchy
 
     return {

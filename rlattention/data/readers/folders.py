@@ -380,5 +380,3 @@ def _listed_splits(
     num_train, num_test = int(_option(cfg, "num_train", 0)), int(_option(cfg, "num_test", 0))
     rows = [_head(train, num_train), _head(val, num_test), _head(test, num_test)]
     return rows, overlap, decode([listed.paths[i] for part in rows for i in part])
-
-

@@ -1,7 +1,7 @@
 """``reid_folder``: person re-id from a user's own folder, ``ROOT/train/`` and optionally ``ROOT/query/`` +
 ``ROOT/gallery/``, files named ``<pid>_c<cam>[_<anything>].<ext>``
-(:func:`rlattention.data.readers.reid.parse_person_name`). The splits have the layout of ``market1501`` (:mod:`rlattention.data.readers.reid`); ``docs/own-data.md`` shows the
-layout with the config that trains on it.
+(:func:`rlattention.data.readers.reid.parse_person_name`). The splits have the layout of ``market1501``
+(:mod:`rlattention.data.readers.reid`); ``docs/own-data.md`` shows the layout with the config that trains on it.
 """
 
 from __future__ import annotations
