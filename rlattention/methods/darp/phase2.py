@@ -17,7 +17,6 @@ from rlattention.engine.registry import register_method
 from rlattention.methods.darp.frozen import Phase1, Phase2Method, training_gallery
 from rlattention.methods.darp.layout import completion_steps, split_layout
 from rlattention.methods.darp.locators import cell_centres, epsilon_greedy_cells, q_learning_targets, raster_locations
-from rlattention.methods.ram import CoreNetwork, GlimpseNetwork
 from rlattention.metrics.sketch import true_ranks
 from rlattention.rl import (
     BOOTSTRAP_UPDATES,
@@ -38,6 +37,7 @@ from rlattention.rl import (
 )
 from rlattention.rl.qlearning import TargetNetwork
 from rlattention.vision import GlimpseSensor
+from rlattention.vision.recurrent import CoreNetwork, GlimpseNetwork
 from rlattention.vision.transforms import random_rotate_flip
 
 DARP_REWARDS = ("threshold", "inverse_rank", "delta_inverse_rank", "percentile")
