@@ -16,21 +16,21 @@ import pytest
 from rlattention.data.readers.precomp import read_precomp_split
 from rlattention.data.synthetic import digit_scenes
 from rlattention.data.synthetic.digit_scenes import (
-    COLOUR_NAMES,
-    GEOMETRY_DIM,
     MANIFEST_NAME,
+    SPLITS,
+    generate_digit_scenes,
+    read_scene_descriptions,
+)
+from rlattention.data.synthetic.scene_captions import (
+    COLOUR_NAMES,
     NUMBER_WORDS,
     RELATION_WORDS,
     SIZE_WORDS,
-    SPLITS,
     SceneDigit,
-    generate_digit_scenes,
-    load_region_cnn,
-    read_scene_descriptions,
-    region_features,
     relation,
     scene_captions,
 )
+from rlattention.data.synthetic.scene_regions import GEOMETRY_DIM, load_region_cnn, region_features
 
 SMALL = dict(num_train=48, num_dev=10, num_test=10, regions=6, canvas=96, cnn_epochs=1, cnn_scenes=48)
 
