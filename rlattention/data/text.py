@@ -332,6 +332,49 @@ def _is_float(text: str) -> bool:
     return True
 
 
+def _glove_dim(line: str, path: Path, number: int) -> int:
+    """The vector length of a GloVe file, from its first non-blank line."""
+    fields = line.split(" ")
+    if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+        raise GloveFormatError(
+            f"{path}: line {number}: {line!r} looks like a word2vec header; a GloVe text file has none "
+            "(remove the line)"
+        )
+    dim = len(fields) - 1
+    if dim < 1:
+        raise GloveFormatError(f"{path}: line {number}: expected a word followed by its vector, found {line[:60]!r}")
+    return dim
+
+
+def _glove_word(line: str, dim: int, path: Path, number: int) -> str:
+    """The word of a GloVe line (a word may hold spaces: the vector is the last ``dim`` fields)."""
+    spaces = line.count(" ")  # fields - 1, counted without splitting the line
+    if spaces == dim:
+        return line[: line.index(" ")]
+    fields = line.split(" ")
+    if spaces < dim or _is_float(fields[-dim - 1]):
+        raise GloveFormatError(
+            f"{path}: line {number}: expected a word and {dim} values, found {spaces} values "
+            "(inconsistent vector dimension)"
+        )
+    return " ".join(fields[:-dim])  # a word holding spaces
+
+
+def _glove_vector(line: str, dim: int, word: str, path: Path, number: int) -> np.ndarray:
+    """The ``dim`` float32 values of a GloVe line, checked to be finite numbers."""
+    values = line.rsplit(" ", dim)[1:]
+    try:
+        vector = np.array(values, dtype=np.float32)
+    except ValueError:
+        raise GloveFormatError(
+            f"{path}: line {number}: the {dim} values after the word {word!r} must be numbers, "
+            f"found {' '.join(values)[:60]!r}"
+        ) from None
+    if not np.isfinite(vector).all():
+        raise GloveFormatError(f"{path}: line {number}: the vector of {word!r} holds non-finite values")
+    return vector
+
+
 def load_glove(
     path: str | os.PathLike,
     vocab: Vocabulary,
@@ -381,28 +424,8 @@ def load_glove(
             if not line:
                 continue
             if dim is None:
-                fields = line.split(" ")
-                if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
-                    raise GloveFormatError(
-                        f"{path}: line {number}: {line!r} looks like a word2vec header; a GloVe text file has "
-                        "none (remove the line)"
-                    )
-                dim = len(fields) - 1
-                if dim < 1:
-                    raise GloveFormatError(
-                        f"{path}: line {number}: expected a word followed by its vector, found {line[:60]!r}"
-                    )
-            spaces = line.count(" ")  # fields - 1, counted without splitting the line
-            if spaces == dim:
-                word = line[: line.index(" ")]
-            else:
-                fields = line.split(" ")
-                if spaces < dim or _is_float(fields[-dim - 1]):
-                    raise GloveFormatError(
-                        f"{path}: line {number}: expected a word and {dim} values, found {spaces} values "
-                        "(inconsistent vector dimension)"
-                    )
-                word = " ".join(fields[:-dim])  # a word holding spaces
+                dim = _glove_dim(line, path, number)
+            word = _glove_word(line, dim, path, number)
             if word in wanted:
                 target, index = exact, wanted[word]
             else:
@@ -410,17 +433,7 @@ def load_glove(
                 target = folded
             if index < 0 or index in target:
                 continue
-            values = line.rsplit(" ", dim)[1:]
-            try:
-                vector = np.array(values, dtype=np.float32)
-            except ValueError:
-                raise GloveFormatError(
-                    f"{path}: line {number}: the {dim} values after the word {word!r} must be numbers, "
-                    f"found {' '.join(values)[:60]!r}"
-                ) from None
-            if not np.isfinite(vector).all():
-                raise GloveFormatError(f"{path}: line {number}: the vector of {word!r} holds non-finite values")
-            target[index] = vector
+            target[index] = _glove_vector(line, dim, word, path, number)
     if dim is None:
         raise GloveFormatError(f"{path}: no vectors in the file (expected lines 'word v1 v2 ... vD')")
     if missing == "random":

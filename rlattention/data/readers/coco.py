@@ -261,6 +261,18 @@ def cv_fold_split(n: int, folds: int, fold: int, seed: int, source: str = "the d
     return rest_idx, test_idx
 
 
+def _fraction_test_split(cfg: Any, n: int, seed: int, train_json: Path) -> tuple[Tensor, Tensor]:
+    """``(rest, test)`` indices of the ``n`` train2017 images: a seeded ``cfg.test_fraction`` of them is the test
+    split (train2017 only, no folds)."""
+    fraction = float(_option(cfg, "test_fraction", 0.25))
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {fraction}")
+    num_held = min(max(1, round(n * fraction)), n - 1) if n > 1 else 0
+    if num_held == 0:
+        raise ValueError(f"{train_json}: {n} image(s) cannot be split into train and test")
+    return train_val_split(n, num_held, split_seed(seed, "test"))
+
+
 @register_dataset("coco")
 def build_coco(cfg: Any, data_dir: Path | None) -> DataSplits:
     """COCO multi-label recognition, K = 80 classes (the categories of the json), multi-hot targets.
@@ -318,13 +330,7 @@ def build_coco(cfg: Any, data_dir: Path | None) -> DataSplits:
         test_paths, test_targets = _image_paths(coco_dir, "val2017", test.file_names), test.targets
         rest = torch.arange(n)
     else:
-        fraction = float(_option(cfg, "test_fraction", 0.25))
-        if not 0.0 < fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {fraction}")
-        num_held = min(max(1, round(n * fraction)), n - 1) if n > 1 else 0
-        if num_held == 0:
-            raise ValueError(f"{train_json}: {n} image(s) cannot be split into train and test")
-        rest, test_idx = train_val_split(n, num_held, split_seed(seed, "test"))
+        rest, test_idx = _fraction_test_split(cfg, n, seed, train_json)
         test_paths = [train_paths[i] for i in test_idx.tolist()]
         test_targets = train.targets[test_idx]
     train_idx, val_idx = holdout_split(len(rest), val_size, seed, f"{train_json} (train + val part)")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -148,6 +148,103 @@ def _validate(
     return classes
 
 
+class _Layout(NamedTuple):
+    """The digits of ``n`` canvases: per slot ``(n, max_digits)`` whether it holds a digit, its class, its source
+    image, its side in px and its top-left corner; ``objects`` ``(n, max_digits, 5)`` as returned."""
+
+    active: Tensor
+    cls: Tensor
+    source: Tensor
+    size: Tensor
+    top: Tensor
+    left: Tensor
+    objects: Tensor
+
+
+def _draw_layout(
+    labels: Tensor,
+    classes: Tensor,
+    n: int,
+    side: int,
+    canvas: int,
+    min_digits: int,
+    max_digits: int,
+    scale_range: tuple[float, float],
+    grid_cells: int,
+    g: torch.Generator,
+) -> _Layout:
+    """How many digits, which classes and source images, their sizes and places, drawn from ``g``."""
+    slots = max_digits
+    # How many digits, which classes (distinct: the first slots of a random permutation), which source images.
+    count = torch.randint(min_digits, max_digits + 1, (n,), generator=g)
+    active = torch.arange(slots).view(1, -1) < count.view(-1, 1)  # (n, slots)
+    perm = torch.rand(n, len(classes), generator=g).argsort(dim=1)[:, :slots]
+    cls = classes[perm]  # (n, slots)
+    by_class = torch.argsort(labels, stable=True)
+    per_class = torch.bincount(labels, minlength=NUM_CLASSES)
+    first_of_class = per_class.cumsum(0) - per_class
+    pick = (torch.rand(n, slots, generator=g) * per_class[cls]).long().clamp(max=per_class[cls] - 1)
+    source = by_class[first_of_class[cls] + pick]  # (n, slots) indices into images
+
+    # Sizes and positions: a distinct grid cell per slot, a uniform place inside it (centred if too big).
+    low, high = (float(v) for v in scale_range)
+    size = (side * (low + (high - low) * torch.rand(n, slots, generator=g))).round().long()
+    grid = int(grid_cells) or math.ceil(math.sqrt(slots))
+    cell = canvas / grid
+    cell_id = torch.rand(n, grid * grid, generator=g).argsort(dim=1)[:, :slots]
+    slack = cell - size.double()
+
+    def place(cell_coord: Tensor) -> Tensor:
+        jitter = torch.rand(n, slots, generator=g, dtype=torch.float64)
+        offset = torch.where(slack >= 0, jitter * slack, slack / 2)
+        return torch.minimum((cell_coord * cell + offset).floor().long().clamp(min=0), canvas - size)
+
+    top, left = place(cell_id // grid), place(cell_id % grid)
+    box = torch.stack([left, top, left + size, top + size], dim=-1) * active[..., None]  # (n, slots, 4) px
+    objects = torch.cat([torch.where(active, cls, -1)[..., None], box], dim=-1)  # (class, x0, y0, x1, y1)
+    return _Layout(active, cls, source, size, top, left, objects)
+
+
+def _paste_digits(flat: Tensor, digits: Tensor, layout: _Layout, canvas: int) -> None:
+    """Paste every drawn digit, resized to its side, into the flattened canvases (one resize per distinct side)."""
+    device = flat.device
+    n, slots = layout.active.shape
+    canvas_of = torch.arange(n).view(-1, 1).expand(n, slots)
+    sel = layout.active.reshape(-1)
+    canvas_of, source, size = canvas_of.reshape(-1)[sel], layout.source.reshape(-1)[sel], layout.size.reshape(-1)[sel]
+    top, left = layout.top.reshape(-1)[sel], layout.left.reshape(-1)[sel]
+    by_size = torch.argsort(size, stable=True)
+    sizes, counts = torch.unique_consecutive(size[by_size], return_counts=True)
+    for s, group in zip(sizes.tolist(), by_size.split(counts.tolist()), strict=True):
+        patches = _resize(digits[source[group].to(device)], int(s))
+        _paste_max(flat, patches, *(t[group].to(device) for t in (canvas_of, top, left)), canvas)
+
+
+def _paste_clutter(
+    flat: Tensor,
+    digits: Tensor,
+    n: int,
+    canvas: int,
+    num_clutter: int,
+    clutter_size: int,
+    clutter_scale: float,
+    g: torch.Generator,
+) -> None:
+    """Paste ``num_clutter`` fragments per canvas, cut from source digits drawn from ``g``."""
+    device = flat.device
+    side = digits.shape[1]
+    source_side = round(side * clutter_scale)
+    pieces = _resize(digits, source_side) if source_side != side else digits  # what fragments are cut from
+    for _ in range(num_clutter):
+        src = torch.randint(len(digits), (n,), generator=g)
+        y0, x0 = (torch.randint(source_side - clutter_size + 1, (n,), generator=g) for _ in range(2))
+        rows = (y0.view(-1, 1) + torch.arange(clutter_size)).view(n, clutter_size, 1)
+        cols = (x0.view(-1, 1) + torch.arange(clutter_size)).view(n, 1, clutter_size)
+        fragments = pieces[src.view(-1, 1, 1).to(device), rows.to(device), cols.to(device)]
+        y1, x1 = (torch.randint(canvas - clutter_size + 1, (n,), generator=g) for _ in range(2))
+        _paste_max(flat, fragments, torch.arange(n, device=device), y1.to(device), x1.to(device), canvas)
+
+
 def make_multilabel_digits(
     images: Tensor,
     labels: Tensor,
@@ -195,58 +292,12 @@ def make_multilabel_digits(
     digits = images[:, 0]
     labels = labels.to(device="cpu", dtype=torch.int64)
     g = torch.Generator().manual_seed(int(seed))
-    slots = max_digits
-
-    # How many digits, which classes (distinct: the first slots of a random permutation), which source images.
-    count = torch.randint(min_digits, max_digits + 1, (n,), generator=g)
-    active = torch.arange(slots).view(1, -1) < count.view(-1, 1)  # (n, slots)
-    perm = torch.rand(n, len(classes), generator=g).argsort(dim=1)[:, :slots]
-    cls = classes[perm]  # (n, slots)
-    by_class = torch.argsort(labels, stable=True)
-    per_class = torch.bincount(labels, minlength=NUM_CLASSES)
-    first_of_class = per_class.cumsum(0) - per_class
-    pick = (torch.rand(n, slots, generator=g) * per_class[cls]).long().clamp(max=per_class[cls] - 1)
-    source = by_class[first_of_class[cls] + pick]  # (n, slots) indices into images
-
-    # Sizes and positions: a distinct grid cell per slot, a uniform place inside it (centred if too big).
-    low, high = (float(v) for v in scale_range)
-    size = (side * (low + (high - low) * torch.rand(n, slots, generator=g))).round().long()
-    grid = int(grid_cells) or math.ceil(math.sqrt(slots))
-    cell = canvas / grid
-    cell_id = torch.rand(n, grid * grid, generator=g).argsort(dim=1)[:, :slots]
-    slack = cell - size.double()
-
-    def place(cell_coord: Tensor) -> Tensor:
-        jitter = torch.rand(n, slots, generator=g, dtype=torch.float64)
-        offset = torch.where(slack >= 0, jitter * slack, slack / 2)
-        return torch.minimum((cell_coord * cell + offset).floor().long().clamp(min=0), canvas - size)
-
-    top, left = place(cell_id // grid), place(cell_id % grid)
-    box = torch.stack([left, top, left + size, top + size], dim=-1) * active[..., None]  # (n, slots, 4) px
-    objects = torch.cat([torch.where(active, cls, -1)[..., None], box], dim=-1)  # (class, x0, y0, x1, y1)
-
+    layout = _draw_layout(labels, classes, n, side, canvas, min_digits, max_digits, scale_range, grid_cells, g)
+    active, cls, objects = layout.active, layout.cls, layout.objects
     flat = torch.zeros(n * canvas * canvas, dtype=torch.uint8, device=device)
-    canvas_of = torch.arange(n).view(-1, 1).expand(n, slots)
-    sel = active.reshape(-1)
-    canvas_of, source, size = canvas_of.reshape(-1)[sel], source.reshape(-1)[sel], size.reshape(-1)[sel]
-    top, left = top.reshape(-1)[sel], left.reshape(-1)[sel]
-    by_size = torch.argsort(size, stable=True)
-    sizes, counts = torch.unique_consecutive(size[by_size], return_counts=True)
-    for s, group in zip(sizes.tolist(), by_size.split(counts.tolist()), strict=True):
-        patches = _resize(digits[source[group].to(device)], int(s))
-        _paste_max(flat, patches, *(t[group].to(device) for t in (canvas_of, top, left)), canvas)
-
+    _paste_digits(flat, digits, layout, canvas)
     if n > 0 and num_clutter > 0:
-        source_side = round(side * clutter_scale)
-        pieces = _resize(digits, source_side) if source_side != side else digits  # what fragments are cut from
-        for _ in range(num_clutter):
-            src = torch.randint(len(digits), (n,), generator=g)
-            y0, x0 = (torch.randint(source_side - clutter_size + 1, (n,), generator=g) for _ in range(2))
-            rows = (y0.view(-1, 1) + torch.arange(clutter_size)).view(n, clutter_size, 1)
-            cols = (x0.view(-1, 1) + torch.arange(clutter_size)).view(n, 1, clutter_size)
-            fragments = pieces[src.view(-1, 1, 1).to(device), rows.to(device), cols.to(device)]
-            y1, x1 = (torch.randint(canvas - clutter_size + 1, (n,), generator=g) for _ in range(2))
-            _paste_max(flat, fragments, torch.arange(n, device=device), y1.to(device), x1.to(device), canvas)
+        _paste_clutter(flat, digits, n, canvas, num_clutter, clutter_size, clutter_scale, g)
 
     targets = torch.zeros(n, NUM_CLASSES, dtype=torch.float32)
     targets.scatter_(1, cls, active.float())  # classes are distinct per canvas: no slot overwrites another
