@@ -1,4 +1,4 @@
-"""The generic readers of a user's own folders (``rlattention/data/folders.py``) on tiny trees of 8 x 8 PNGs:
+"""The generic readers of a user's own folders (``rlattention/data/readers/``) on tiny trees of 8 x 8 PNGs:
 classes, rows and splits as documented, seeded determinism, grey or RGB from the data, every kind of bad input as
 one line naming the file (and the data folder unchanged, byte for byte), and the configs of docs/own-data.md
 trained for two steps through the command line on those trees."""
