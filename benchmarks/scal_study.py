@@ -18,8 +18,12 @@ gradient, J_cri = -V, the critic trained on the explored passes) and ``sc_critic
 0.3: sc_critic collapsed in seed 2). ``--rows self_critical`` runs the candidates. Variants: ``sc_critic_adv`` (the
 critic learns the gain of each explored pass over the agents' own maps; screened on seed 2, where sc_critic had
 collapsed: validation mAP 87.2 against 90.5 for sc_critic_cw03, so not run further) and ``critic_onpolicy`` (the
-paper's critic, trained on the agents' own maps only: the landed behaviour; not run). sc_critic's spread (one seed
-of three collapsed) took the rows the target compares to 5 seeds: ``--seeds 0 1 2 3 4``.
+paper's critic, trained on the agents' own maps only: the landed behaviour; not run). Control
+``sc_critic_cw03_untrained``: sc_critic_cw03 with a critic that never learns (``model.mse_weight=0`` and
+``optim.lr_scale.critic=1e-9``, so that not even Adam's weight decay moves it: the agents follow the gradient of its
+initial weights), which separates a critic that knows which maps are better from a
+gradient that merely perturbs the maps. sc_critic's spread (one seed of three collapsed) took the rows the target
+compares to 5 seeds: ``--seeds 0 1 2 3 4``.
 
 Metrics (percent, test split): ``rank1``, ``rank5``, ``map``. Target: ``self_critical`` above ``weak`` and ``weak``
 above ``backbone`` in mAP, each gap larger than both rows' standard deviations.
@@ -72,6 +76,19 @@ ROWS = [
         "configs/scal_omniglot.yaml",
         [*EXPLORE, "model.agent_gradient=critic", "model.critic_weight=0.3"],
         "sc_critic with the critic's pull on the agents (J_cri) weighted 0.3 instead of 1",
+        False,
+    ),
+    Row(
+        "sc_critic_cw03_untrained",
+        "configs/scal_omniglot.yaml",
+        [
+            *EXPLORE,
+            "model.agent_gradient=critic",
+            "model.critic_weight=0.3",
+            "model.mse_weight=0",
+            "optim.lr_scale.critic=1e-9",
+        ],
+        "control for sc_critic_cw03: the same pull of the agents by a critic that never learns (its initial weights)",
         False,
     ),
     Row(
