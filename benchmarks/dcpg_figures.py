@@ -190,7 +190,7 @@ def first_caption_items(image_ids: Sequence[int], num_images: int) -> list[int]:
 def load_dcpg(checkpoint: str | Path, data_dir: str | None = None):
     """``(model, splits)`` of a dcpg checkpoint, as ``rlattention viz`` loads it, in eval mode, with the run's
     rendered scenes looked up in its ``data.render_cache``."""
-    from rlattention.data.readers.strokes import resolve_cache_dir
+    from rlattention.data.cache import resolve_cache_dir
     from rlattention.engine.trainer import load_for_eval
 
     cfg, model, splits = load_for_eval(checkpoint, data_dir)

@@ -15,9 +15,9 @@ import pytest
 from PIL import Image
 
 from rlattention.data import safe_pickle
+from rlattention.data.cache import CACHE_ENV, resolve_cache_dir
 from rlattention.data.readers import cifar
 from rlattention.data.readers.strokes import (
-    CACHE_ENV,
     OMNIGLOT_FRAME,
     SketchFormatError,
     cache_file,
@@ -30,7 +30,6 @@ from rlattention.data.readers.strokes import (
     read_qmul_coordinates,
     render_partials,
     render_partials_batch,
-    resolve_cache_dir,
     sketch_frame,
 )
 from rlattention.data.safe_pickle import PickleReadError, UnsafePickleError, load_restricted_pickle

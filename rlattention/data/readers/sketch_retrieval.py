@@ -69,6 +69,7 @@ from PIL import Image
 from torch import Tensor
 
 from rlattention.data.base import ArrayDataset, DataSplits
+from rlattention.data.cache import resolve_cache_dir
 from rlattention.data.limits import check_archive, check_side, read_member
 from rlattention.data.photos import ImageDecodeError, holdout_split, load_resized_images
 from rlattention.data.readers.strokes import (
@@ -80,7 +81,6 @@ from rlattention.data.readers.strokes import (
     parse_qmul_key,
     read_qmul_coordinates,
     render_partials_batch,
-    resolve_cache_dir,
 )
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import split_seed, train_val_split

@@ -71,10 +71,11 @@ import numpy as np
 from PIL import Image
 
 from rlattention.data.base import DataSplits
+from rlattention.data.cache import resolve_cache_dir
 from rlattention.data.limits import check_side
 from rlattention.data.photos import ImageDecodeError, holdout_split, read_resized_image
 from rlattention.data.readers.sketch_retrieval import _dataset, _option, _rows
-from rlattention.data.readers.strokes import cached_render_stack, resolve_cache_dir
+from rlattention.data.readers.strokes import cached_render_stack
 from rlattention.data.registry import register_dataset
 from rlattention.data.splits import split_seed, train_val_split
 from rlattention.progress import progress_bar

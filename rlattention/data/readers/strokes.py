@@ -40,9 +40,9 @@ the array's bytes, shape and dtype; both are checked on load, and a corrupt, tru
 reported with a warning naming it and rebuilt. Writes go to a temporary file in the same folder and are
 renamed into place (``os.replace``), so a reader never sees half a file. Cache folder: the ``render_cache``
 config value, else ``$RLATTENTION_CACHE``, else ``~/.cache/rlattention``; ``""`` / ``"none"`` disables it
-(:func:`resolve_cache_dir`). Before a file is built, one line on stderr says what, where and about how many
-bytes; a file larger than ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB) is neither built nor written: one line
-says how to allow it (:mod:`rlattention.cache_limit`).
+(:func:`rlattention.data.cache.resolve_cache_dir`). Before a file is built, one line on stderr says what, where and
+about how many bytes; a file larger than ``$RLATTENTION_CACHE_LIMIT`` (default 2 GB) is neither built nor written:
+one line says how to allow it (:mod:`rlattention.cache_limit`).
 """
 
 from __future__ import annotations
@@ -62,11 +62,9 @@ import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
-from rlattention.data.cache import CACHE_ENV, default_cache_dir, resolve_cache_dir
 from rlattention.data.safe_pickle import PickleReadError, load_restricted_pickle
 
 __all__ = [
-    "CACHE_ENV",
     "CACHE_FORMAT_VERSION",
     "OMNIGLOT_FRAME",
     "QMUL_KEY_PATTERN",
@@ -74,7 +72,6 @@ __all__ = [
     "cache_file",
     "cached_render_stack",
     "check_sketch",
-    "default_cache_dir",
     "file_fingerprint",
     "parse_omniglot_strokes",
     "parse_qmul_key",
@@ -83,7 +80,6 @@ __all__ = [
     "read_qmul_coordinates",
     "render_partials",
     "render_partials_batch",
-    "resolve_cache_dir",
     "sketch_frame",
 ]
 
