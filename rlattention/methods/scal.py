@@ -38,7 +38,7 @@ the critic's gradient.
 by the re-id losses, (b)) or ``critic`` (self-critical, (c), default).
 
 Data (``task = "reid"``): targets ``(N, 3)`` = ``[pid, camid, role]`` with role 0 training, 1 query,
-2 gallery (:mod:`rlattention.data.reid`); evaluation embeds every image of the split and ranks the gallery
+2 gallery (:mod:`rlattention.data.readers.reid`); evaluation embeds every image of the split and ranks the gallery
 for every query with the Market-1501 protocol (:mod:`rlattention.metrics.reid`). Train with
 ``trainer.sampler: pk`` (P identities x K images per batch) so every anchor has positives in the batch.
 """

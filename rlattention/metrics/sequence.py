@@ -2,7 +2,7 @@
 
 Sequences are encoded as rows of tokens ``(N, L)``: the digits ``0..9`` left to right, then the end token
 (``10`` by default) right after the last digit, then padding (``-1``). This is the encoding of the
-``mnist_sequences`` and ``svhn_sequences`` datasets (``rlattention.data.sequences``).
+``mnist_sequences`` and ``svhn_sequences`` datasets (``rlattention.data.sequence_targets``).
 """
 
 from __future__ import annotations

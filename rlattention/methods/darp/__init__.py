@@ -2,7 +2,7 @@
 "Deep Reinforced Attention Regression for Partial Sketch Based Image Retrieval" (ICDM 2021), plus the
 baselines of its Table III in the same framework.
 
-Data layout (``rlattention.data.sketch_retrieval``): an item is ``(S + 3, H, W)``: the S partial renders of
+Data layout (``rlattention.data.readers.sketch_retrieval``): an item is ``(S + 3, H, W)``: the S partial renders of
 one query sketch (completion steps 1..S, ink 1 on 0) followed by its true photo (RGB); the target is the
 photo's index in the dataset's photo list. A prediction is ``(S * D + D)``: the sketch embedding after each
 completion step, then the photo embedding; :meth:`SketchRetrievalMethod.metrics` deduplicates the photos of
