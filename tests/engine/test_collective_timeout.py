@@ -26,6 +26,8 @@ from rlattention.engine.trainer import _make_fabric
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ("trainer.collective_timeout_minutes", "trainer.setup_timeout_minutes")
+#: the collective timeout of the two-process runs (minutes) and how long the "slow" ranks build, longer than it (s)
+TIMEOUT_MIN, SLOW_S = 0.25, 20
 
 
 def test_defaults_are_ten_minutes_and_four_hours():
@@ -124,9 +126,9 @@ def test_one_process_leaves_torch_errors_alone():
 
 # A child `rlattention fit` with two processes (Lightning's launcher starts rank 1 by re-running this script with the
 # same arguments). MODE "stall": rank 1 never calls its first backward (alive, silent, until rank 0 has ended);
-# "slow": rank 0 builds the data for 8 s more, then rank 1 builds its model for 8 s more; "stuck": rank 0 never ends
-# building the data. Every rank appends the backend and timeout of each process group it makes with new_group to
-# RECORD.<rank>.
+# "slow": rank 0 builds the data for SLOW_S s more, then rank 1 builds its model for SLOW_S s more; "stuck": rank 0
+# never ends building the data. Every rank appends the backend and timeout of each process group it makes with
+# new_group to RECORD.<rank>.
 CHILD = textwrap.dedent(
     """
     import os, sys, time
@@ -136,6 +138,7 @@ CHILD = textwrap.dedent(
     from rlattention.cli import main
 
     MODE, RECORD = sys.argv[1], sys.argv[2]
+    SLOW_S = float(os.environ["SLOW_S"])
 
     def stall_until_rank_0_ends():  # rank 1 is rank 0's child
         parent, deadline = os.getppid(), time.monotonic() + 120
@@ -153,7 +156,7 @@ CHILD = textwrap.dedent(
     real_build = trainer.build_dataset
     def build(*args, **kwargs):
         if dist.get_rank() == 0 and MODE == "slow":
-            time.sleep(8)
+            time.sleep(SLOW_S)
         if dist.get_rank() == 0 and MODE == "stuck":  # until Lightning's launcher kills it (rank 1 failed)
             time.sleep(120)
         return real_build(*args, **kwargs)
@@ -162,7 +165,7 @@ CHILD = textwrap.dedent(
     real_build_model = trainer.build_model
     def build_model(*args, **kwargs):
         if dist.get_rank() == 1 and MODE == "slow":  # e.g. a cache of frozen features that only rank 1 computes
-            time.sleep(8)
+            time.sleep(SLOW_S)
         return real_build_model(*args, **kwargs)
     trainer.build_model = build_model
 
@@ -199,6 +202,7 @@ def _child(tmp_path: Path, mode: str, *overrides: str) -> tuple[subprocess.Compl
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK")}
     env.pop("WORLD_SIZE", None)  # Lightning picks a free port and sets the rest for the processes it starts
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
+    env["SLOW_S"] = str(SLOW_S)
     argv = ["fit", *TINY, f"trainer.out_dir={tmp_path / 'runs'}", "trainer.run_name=run", *overrides]
     start = time.monotonic()
     proc = subprocess.run(
@@ -222,12 +226,13 @@ def _our_line(stderr: str) -> str:
 
 def test_a_stalled_rank_fails_the_other_after_the_timeout_with_one_line(tmp_path):
     """Rank 1 stays alive but never reaches its first backward: rank 0's gradient all-reduce fails after the
-    timeout (0.1 min = 6 s, not Lightning's 30 minutes), with one line naming rank 0, the timeout and its key,
-    and exit code 4 (rank 0 does not wait for rank 1 again on its way out)."""
-    proc, elapsed = _child(tmp_path, "stall", "trainer.collective_timeout_minutes=0.1")
+    timeout (0.25 min = 15 s, not Lightning's 30 minutes), with one line naming rank 0, the timeout and its key,
+    and exit code 4 (rank 0 does not wait for rank 1 again on its way out). The timeout also bounds the start-up
+    rendezvous of the two processes, which took more than 6 s on a loaded machine: hence not less."""
+    proc, elapsed = _child(tmp_path, "stall", f"trainer.collective_timeout_minutes={TIMEOUT_MIN}")
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert _our_line(proc.stderr) == (
-        "rlattention fit: error: rank 0 of 2: a collective waited more than 0.1 min for the other ranks "
+        f"rlattention fit: error: rank 0 of 2: a collective waited more than {TIMEOUT_MIN} min for the other ranks "
         "(trainer.collective_timeout_minutes); a rank stalled or died (see its own output)"
     )
     assert proc.stderr.rstrip().endswith("(see its own output)")
@@ -236,16 +241,16 @@ def test_a_stalled_rank_fails_the_other_after_the_timeout_with_one_line(tmp_path
 
 
 def test_rank_0_building_longer_than_the_timeout_does_not_fail_the_run(tmp_path):
-    """Rank 0 builds the data 8 s, longer than the collective timeout (0.1 min = 6 s), while rank 1 waits, then rank
-    1 builds its model 8 s longer while rank 0 waits for the first training collective: both waits are on the setup
-    group (gloo, trainer.setup_timeout_minutes: 4 hours by default), so the run trains and ends. (The collective
-    timeout also bounds the start-up rendezvous of the processes: a few seconds would be too short for it on a
-    loaded machine.)"""
-    proc, elapsed = _child(tmp_path, "slow", "trainer.collective_timeout_minutes=0.1")
+    """Rank 0 builds the data 20 s, longer than the collective timeout (0.25 min = 15 s), while rank 1 waits, then
+    rank 1 builds its model 20 s longer while rank 0 waits for the first training collective: both waits are on the
+    setup group (gloo, trainer.setup_timeout_minutes: 4 hours by default), so the run trains and ends. (The
+    collective timeout also bounds the start-up rendezvous of the processes: 6 s was too short for it on a loaded
+    machine.)"""
+    proc, elapsed = _child(tmp_path, "slow", f"trainer.collective_timeout_minutes={TIMEOUT_MIN}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "runs" / "run" / "report.json").read_text())
     assert report["world_size"] == 2 and report["steps"] == 2 and report["params_in_sync"] is True
-    assert elapsed > 16
+    assert elapsed > 2 * SLOW_S
     for rank in (0, 1):  # one group made by each rank: gloo, the setup timeout
         assert (tmp_path / f"groups.{rank}").read_text().splitlines() == ["gloo 4:00:00"]
 
