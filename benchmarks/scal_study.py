@@ -54,7 +54,7 @@ ROWS = [
         "configs/scal_omniglot.yaml",
         [],
         "self-critical attention learning from explored attention",
-        candidates=("sc_explored", "sc_critic"),
+        candidates=("sc_explored", "sc_critic", "sc_critic_cw03"),
         select_key="best_val_mAP",
     ),
     Row(
