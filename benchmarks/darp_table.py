@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, run = item.partition("=")
         metrics, curve = evaluate_run(Path(run), args.data_dir, args.split, args.batch_size)
         rows[name], curves[name] = metrics, curve["percentile"]
-        print(f"{name}: AUIR {100 * metrics['auir']:.2f}  acc@5 {100 * metrics['acc@5']:.2f}", flush=True)
+        print(f"{name}: AUIR {metrics['auir']:.2f}  acc@5 {metrics['acc@5']:.2f}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table = {"split": args.split, "runs": rows, "percentile_curves": {k: v.tolist() for k, v in curves.items()}}
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, m in rows.items():
         lines.append(
-            f"| {name} | {100 * m['auir']:.2f} | {100 * m['acc@1']:.2f} | {100 * m['acc@5']:.2f} | "
-            f"{100 * m['acc@10']:.2f} | {m['mean_rank']:.1f} | {int(m['count'])} | {int(m['gallery'])} | "
+            f"| {name} | {m['auir']:.2f} | {m['acc@1']:.2f} | {m['acc@5']:.2f} | "
+            f"{m['acc@10']:.2f} | {m['mean_rank']:.1f} | {int(m['count'])} | {int(m['gallery'])} | "
             f"{m['train_seconds']} |"
         )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 
-from rarl_study import metrics
+from rarl_study import MULTILABEL_FRACTIONS, metrics
 from study import Row, main
 
 STUDY = "rarl_coco_cv"
@@ -79,5 +79,6 @@ if __name__ == "__main__":
             default_seeds=SEEDS,
             script="python benchmarks/rarl_coco_cv.py",
             primary="map",
+            fraction_keys=MULTILABEL_FRACTIONS,
         )
     )

@@ -104,6 +104,8 @@ ROWS_SPEC: tuple[tuple[str, str, list[str], str, bool], ...] = (
 #: The study's metric names -> the keys of ``report.json``'s ``test`` (percent; fractions in reports written before
 #: reports said their units, converted by ``study.in_percent``).
 METRIC_KEYS = {"map": "mAP", "cf1": "CF1", "of1": "OF1"}
+#: the metrics that rarl reports held as fractions before they said their units (read through study.in_percent)
+MULTILABEL_FRACTIONS = ("mAP", "CP", "CR", "CF1", "OP", "OR", "OF1")
 
 
 def rows() -> list[Row]:
@@ -157,6 +159,6 @@ if __name__ == "__main__":
             extra_md=target_md,
             script="python benchmarks/rarl_study.py",
             primary="map",
-            fraction_keys=("mAP", "CP", "CR", "CF1", "OP", "OR", "OF1"),
+            fraction_keys=MULTILABEL_FRACTIONS,
         )
     )
