@@ -103,10 +103,32 @@ METRIC_KEYS = {
 }
 
 
+#: Variants tried on the way (not rows of the issue): (row, config suffix, extra overrides, what it is).
+VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    (
+        "full_att05",
+        "",
+        ("model.init_att_std=0.05",),
+        "full, the discrete stage starting near Att 0.5 (a Gaussian prior over the bins, sd 0.05)",
+    ),
+    (
+        "noise_matched_att05",
+        "_noise_matched",
+        ("model.init_att_std=0.05",),
+        "noise_matched of full_att05 (its initial policy frozen, no policy gradient)",
+    ),
+)
+
+
 def rows() -> list[Row]:
-    return [
+    issue = [
         Row(name, f"configs/dcpg_digit_scenes{suffix}.yaml", list(BUDGET), note) for name, suffix, note in ROWS_SPEC
     ]
+    variants = [
+        Row(name, f"configs/dcpg_digit_scenes{suffix}.yaml", [*BUDGET, *extra], note, issue_row=False)
+        for name, suffix, extra, note in VARIANTS
+    ]
+    return issue + variants
 
 
 def metrics(report: dict) -> dict[str, float]:

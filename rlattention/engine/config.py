@@ -524,7 +524,7 @@ MODEL_CHECKED_BY_METHOD: dict[str, tuple[str, ...]] = {
         "locator_radius",
     ),
     "darp_policy": ("std", "std_final", "gamma", "ppo_clip", "ppo_memory"),
-    "dcpg": ("embed_dim", "heads", "num_bins", "tau", "init_std", "fixed_attention", "lam", "margin"),
+    "dcpg": ("embed_dim", "heads", "num_bins", "tau", "init_std", "init_att_std", "fixed_attention", "lam", "margin"),
     "rarl": (
         "max_anchor_fraction",
         "entropy_weight",

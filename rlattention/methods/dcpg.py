@@ -88,6 +88,8 @@ class DCPGConfig:
     tau: float = 1.0  # Gumbel-softmax temperature
     init_std: float | None = 0.15  # sigma of the continuous stage starts at this, so that training's attention is
     # close to evaluation's (z = mu); None: PyTorch's default init (sigma near softplus(0) = 0.69)
+    init_att_std: float | None = None  # the discrete stage starts as a discretised Gaussian over the bins around
+    # Att 0.5 with this standard deviation (attention units); None: nearly uniform over the bins (PyTorch's init)
     pg_to_features: bool = False  # let the policy gradient reach the region/word encoders (false: policies read
     # detached features, so the REINFORCE noise trains only the policies)
     estimator: str = "straight_through"  # straight_through: the sampled bin a_s drives the forward pass (the
@@ -137,6 +139,7 @@ def _check_config(cfg: DCPGConfig) -> None:
             cfg.init_std is None or cfg.init_std > 1e-3,
             "> 0.001 (the policy's min_std) or null",
         ),
+        ("init_att_std", cfg.init_att_std, cfg.init_att_std is None or cfg.init_att_std > 0, "> 0 or null"),
         (
             "fixed_attention",
             cfg.fixed_attention,
@@ -207,6 +210,7 @@ class DCPG(AttentionMethod):
             init_std=cfg.init_std,
             bin_map=cfg.bin_map,
             mu_grad=cfg.mu_grad,
+            init_att_std=cfg.init_att_std,
         )
         self.image_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None
         self.text_policy = DiscreteContinuousPolicy(E, E, **policy) if cfg.pg != "none" else None

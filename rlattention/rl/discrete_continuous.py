@@ -207,10 +207,25 @@ class DCPGOutput(NamedTuple):
     z: Tensor  # (B, T, H) the continuous samples (detached)
 
 
+def centred_bin_logits(num_bins: int, att_std: float, bin_map: str = "logit") -> Tensor:
+    """Logits ``(n,)`` of a discretised Gaussian over the bins: the bin whose attention (at z = mu) is a gets
+    -(a - c)^2 / (2 att_std^2), c the attention of the middle of the range (0.5 with ``logit``). The discrete
+    stage's starting prior with ``init_att_std``: the initial policy draws weights near the middle, not spread
+    over the whole range."""
+    if att_std <= 0:
+        raise ValueError(f"init_att_std must be > 0, got {att_std}")
+    att = bin_attention(torch.arange(num_bins, dtype=torch.float64), num_bins, bin_map)
+    centre = float(bin_attention(torch.tensor((num_bins - 1) / 2, dtype=torch.float64), num_bins, bin_map))
+    return (-0.5 * ((att - centre) / att_std) ** 2).float()
+
+
 class DiscreteContinuousPolicy(nn.Module):
     """See the module docstring. ``init_std``: sigma starts at this value (W_std zero, its bias
     softplus^-1(init_std - min_std)), so that training and evaluation see similar attention; ``None``:
-    PyTorch's default initialisation (sigma near softplus(0) = 0.69)."""
+    PyTorch's default initialisation (sigma near softplus(0) = 0.69). ``init_att_std``: the discrete stage starts
+    as a discretised Gaussian over the bins around the middle attention with this standard deviation in attention
+    units (:func:`centred_bin_logits` as W_mu's bias, its weight scaled by 0.1); ``None``: PyTorch's default
+    initialisation (nearly uniform over the bins, so the first weights drawn spread over the whole range)."""
 
     def __init__(
         self,
@@ -225,6 +240,7 @@ class DiscreteContinuousPolicy(nn.Module):
         init_std: float | None = 0.15,
         bin_map: str = "logit",
         mu_grad: str = "relaxed",
+        init_att_std: float | None = None,
     ) -> None:
         super().__init__()
         for name, value, allowed in (
@@ -253,6 +269,10 @@ class DiscreteContinuousPolicy(nn.Module):
         if init_std is not None:  # start sigma at init_std: bias = softplus^-1(init_std - min_std)
             nn.init.zeros_(self.w_std.weight)
             nn.init.constant_(self.w_std.bias, math.log(math.expm1(init_std - min_std)))
+        if init_att_std is not None:  # the discrete stage starts near the middle attention
+            with torch.no_grad():
+                self.w_mu.weight.mul_(0.1)
+                self.w_mu.bias.copy_(centred_bin_logits(num_bins, init_att_std, bin_map).repeat(heads))
         self.register_buffer("bin_values", torch.arange(num_bins, dtype=torch.float32), persistent=False)
 
     def sample_bins(self, a_g: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -370,6 +390,7 @@ __all__ = [
     "DiscreteContinuousPolicy",
     "bin_attention",
     "bin_mean",
+    "centred_bin_logits",
     "dcpg_losses",
     "gru_sequence",
     "in_batch_retrieval_reward",

@@ -14,6 +14,7 @@ from rlattention.rl import leave_one_out_baseline
 from rlattention.rl.discrete_continuous import (
     DiscreteContinuousPolicy,
     bin_mean,
+    centred_bin_logits,
     dcpg_losses,
     gru_sequence,
     in_batch_retrieval_reward,
@@ -128,6 +129,25 @@ def test_init_std_sets_the_starting_sigma():
     assert torch.allclose(out.sigma, torch.full_like(out.sigma, 0.1), atol=1e-5)
     with pytest.raises(ValueError, match="init_std"):
         _policy(init_std=0.0)
+
+
+@pytest.mark.parametrize("att_std", [0.03, 0.08])
+def test_init_att_std_starts_the_discrete_stage_near_the_middle(att_std):
+    """The initial policy's weights: near 0.5, spread about att_std (the Gumbel draw of a_g and then of a_s from
+    it widen the prior somewhat), against the nearly uniform spread over (0, 1) (std 0.29) of PyTorch's init."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 6, 16)
+    centred = DiscreteContinuousPolicy(16, 32, num_bins=100, heads=2, init_att_std=att_std, init_std=1e-2)
+    drawn = centred(x, generator=torch.Generator().manual_seed(0)).head_attention
+    assert abs(drawn.mean().item() - 0.5) < 0.02
+    assert att_std < drawn.std().item() < 2.5 * att_std
+    evaluation = centred(x, deterministic=True).head_attention
+    assert (evaluation - 0.5).abs().max() < 0.03
+    uniform = DiscreteContinuousPolicy(16, 32, num_bins=100, heads=2, init_std=1e-2)
+    assert uniform(x, generator=torch.Generator().manual_seed(0)).head_attention.std() > 0.25
+    assert centred_bin_logits(100, att_std).argmax().item() in (49, 50)
+    with pytest.raises(ValueError, match="init_att_std"):
+        centred_bin_logits(100, 0.0)
 
 
 # ---------------------------------------------------------------- the sampled bin drives the attention
