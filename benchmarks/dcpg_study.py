@@ -117,6 +117,12 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         ("model.init_att_std=0.05",),
         "noise_matched of full_att05 (its initial policy frozen, no policy gradient)",
     ),
+    (
+        "full_att10",
+        "",
+        ("model.init_att_std=0.1",),
+        "full, the discrete stage starting near Att 0.5 with sd 0.1 (more exploration than full_att05)",
+    ),
 )
 
 
