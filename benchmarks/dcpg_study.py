@@ -123,6 +123,12 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         ("model.init_att_std=0.1",),
         "full, the discrete stage starting near Att 0.5 with sd 0.1 (more exploration than full_att05)",
     ),
+    (
+        "full_att05_sc",
+        "",
+        ("model.init_att_std=0.05", "model.self_critical=true"),
+        "full_att05 with the self-critical baseline (advantage: R(sampled) - R(mean actions) of the same query)",
+    ),
 )
 
 

@@ -105,6 +105,9 @@ class DCPGConfig:
     reward: str = "r1+ap"  # r1 | ap | r1+ap (eq. 9)
     pg_baseline: bool = False  # eq. 10
     baseline_beta: float = 0.5
+    self_critical: bool = False  # the advantage is R(sampled attention) - R(mean actions) of the same query: the
+    # reward of the query's deterministic embedding against the same batch, a baseline that does not depend on
+    # the query's own actions (unbiased), per query rather than per batch (eq. 10's)
     margin: float = 0.2
     instance_weight: float = 1.0  # 0 removes the instance loss
     decoding_weight: float = 1.0  # 0 removes the text-decoding loss
@@ -154,6 +157,8 @@ def _check_config(cfg: DCPGConfig) -> None:
             "model.mu_grad='none' needs model.estimator='straight_through' (got 'relaxed'): the relaxed forward pass "
             "ignores the sampled bin, so W_mu would learn only from zero-mean noise"
         )
+    if cfg.self_critical and cfg.pg_baseline:
+        raise ValueError("model.self_critical and model.pg_baseline are two baselines: set one of them, not both")
     if cfg.noise_matched and cfg.pg == "none":
         raise ValueError("model.noise_matched=true needs a policy (model.pg other than 'none'), got model.pg='none'")
 
@@ -287,9 +292,12 @@ class DCPG(AttentionMethod):
             mean = (x * mask.unsqueeze(-1)).sum(1) / lengths.unsqueeze(-1).to(x.dtype)
         return F.normalize(last + mean, dim=-1), out  # I_E = h_g^T + mean_t I_A
 
+    def region_features(self, regions: Tensor) -> Tensor:
+        """I^1..I^T ``(B, R, E)``: region_fc then the GCN, of ``(B, 1, R, F)`` or ``(B, R, F)`` regions."""
+        return self.gcn(self.region_fc(regions.flatten(1, -2) if regions.ndim == 4 else regions))
+
     def encode_images(self, regions: Tensor, deterministic: bool):
-        v = self.gcn(self.region_fc(regions.flatten(1, -2) if regions.ndim == 4 else regions))  # I^1..I^T
-        return self._fuse(v, None, self.image_policy, self.image_gru, deterministic)
+        return self._fuse(self.region_features(regions), None, self.image_policy, self.image_gru, deterministic)
 
     def word_features(self, tokens: Tensor) -> Tensor:
         """word_fc(word_embedding(tokens)) ``(B, L, E)``; with fewer words in the vocabulary than tokens, as
@@ -308,8 +316,10 @@ class DCPG(AttentionMethod):
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
         cfg = self.cfg
         ids, tokens = targets[:, 0], targets[:, 1:]
-        img, img_pg = self.encode_images(images, deterministic=False)
-        txt, txt_pg = self.encode_texts(tokens, deterministic=False)
+        v, mask = self.region_features(images), tokens != 0
+        w = self.word_features(tokens)
+        img, img_pg = self._fuse(v, None, self.image_policy, self.image_gru, deterministic=False)
+        txt, txt_pg = self._fuse(w, mask, self.text_policy, self.text_gru, deterministic=False)
         sims = img @ txt.T  # (B, B) cosine similarities, image x caption
         same = ids[:, None] == ids[None, :]
         terms = {"triplet": hardest_negative_triplet(sims, same, cfg.margin)}
@@ -323,18 +333,35 @@ class DCPG(AttentionMethod):
         if img_pg is not None:
             r_img = in_batch_retrieval_reward(sims, same, cfg.reward)  # image queries, captions as gallery
             r_txt = in_batch_retrieval_reward(sims.T, same.T, cfg.reward)  # caption queries
+            greedy = {}
+            if cfg.self_critical and not cfg.noise_matched:
+                greedy = self._greedy_rewards(v, w, mask, img, txt, same)
             pg_rows = () if cfg.noise_matched else (("image", img_pg, r_img), ("text", txt_pg, r_txt))
             for name, out, r in pg_rows:  # the noise-matched control has no policy-gradient term (reward logged)
-                b = leave_one_out_baseline(r, cfg.baseline_beta) if cfg.pg_baseline else None  # eq. 10
+                b = leave_one_out_baseline(r, cfg.baseline_beta) if cfg.pg_baseline else greedy.get(name)  # eq. 10
                 l_d, l_c = dcpg_losses(out, r, b)
                 if cfg.pg in ("discrete", "discrete_continuous"):
                     terms[f"pg_d_{name}"] = cfg.pg_weight * l_d
                 if cfg.pg in ("continuous", "discrete_continuous"):
                     terms[f"pg_c_{name}"] = cfg.pg_weight * l_c
             stats = {"reward": 0.5 * (r_img.mean() + r_txt.mean()), "reward_image": r_img.mean()}
+            if greedy:  # how much the sampled attention beats the mean actions, on average
+                stats["advantage"] = 0.5 * ((r_img - greedy["image"]).mean() + (r_txt - greedy["text"]).mean())
         loss = sum(terms.values())
         stats["batch_r1"] = (sims.argmax(1) == torch.arange(len(ids), device=ids.device)).float().mean()
         return StepOutput(loss, terms=terms, stats=stats)
+
+    @torch.no_grad()
+    def _greedy_rewards(self, v: Tensor, w: Tensor, mask: Tensor, img: Tensor, txt: Tensor, same: Tensor) -> dict:
+        """The self-critical baselines: the reward of each image query's and each caption query's embedding
+        under mean actions, ranked against the batch's sampled embeddings of the other modality (the same gallery
+        as its sampled reward), so that a query's baseline does not depend on its own actions."""
+        img_g, _ = self._fuse(v, None, self.image_policy, self.image_gru, deterministic=True)
+        txt_g, _ = self._fuse(w, mask, self.text_policy, self.text_gru, deterministic=True)
+        return {
+            "image": in_batch_retrieval_reward(img_g @ txt.T, same, self.cfg.reward),
+            "text": in_batch_retrieval_reward(txt_g @ img.T, same.T, self.cfg.reward),
+        }
 
     # ---------------------------------------------------------------- evaluation
     def predict_batch(
@@ -372,7 +399,7 @@ class DCPG(AttentionMethod):
         tokens = targets[:, 1:]
         if self.image_policy is None:
             return None, None
-        v = self.gcn(self.region_fc(images.flatten(1, -2)))
+        v = self.region_features(images)
         w = self.word_features(tokens)
         return (
             self.image_policy(v, None, deterministic=True).attention,

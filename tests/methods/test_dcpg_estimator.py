@@ -85,6 +85,67 @@ def test_changing_the_sampled_bin_changes_attention_similarity_and_loss(monkeypa
             assert torch.equal(after.terms[term], before.terms[term])
 
 
+# ---------------------------------------------------------------- the self-critical baseline
+
+
+def _spy_greedy(model: DCPG, monkeypatch) -> list[dict]:
+    seen: list[dict] = []
+    original = model._greedy_rewards
+
+    def spy(*args):
+        seen.append(original(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(model, "_greedy_rewards", spy)
+    return seen
+
+
+def test_self_critical_baseline_is_the_reward_of_the_mean_actions(monkeypatch):
+    """A policy whose draws are its mean actions (one bin certain, sigma ~ 0): every advantage is 0, so the
+    policy-gradient terms vanish; a wide policy's advantages are not all 0."""
+    model = make(self_critical=True, init_std=2e-3)
+    with torch.no_grad():
+        for policy in (model.image_policy, model.text_policy):
+            policy.w_mu.weight.zero_()
+            policy.w_mu.bias.fill_(0.0)
+            policy.w_mu.bias.view(2, 10)[:, 7] = 60.0
+    greedy = _spy_greedy(model, monkeypatch)
+    out = model(IMAGES, TARGETS)
+    assert len(greedy) == 1 and out.stats["advantage"].abs().item() < 1e-6
+    for term in ("pg_d_image", "pg_c_image", "pg_d_text", "pg_c_text"):
+        assert out.terms[term].abs().item() < 1e-4, term
+    wide = make(self_critical=True, init_std=0.5)
+    assert make(self_critical=False)(IMAGES, TARGETS).stats.get("advantage") is None
+    torch.manual_seed(1)
+    terms = wide(IMAGES, TARGETS).terms
+    assert max(terms[t].abs().item() for t in ("pg_d_image", "pg_d_text")) > 1e-3
+
+
+def test_self_critical_baseline_of_a_query_ignores_its_own_actions(monkeypatch):
+    """Moving the image policy's sampled bins changes the image queries' rewards, not their baselines (which
+    rank the mean-action embeddings against the same sampled captions): the baseline is unbiased."""
+    model = make(self_critical=True)
+    greedy = _spy_greedy(model, monkeypatch)
+    seen = record_attention(model)
+    torch.manual_seed(5)
+    model(IMAGES, TARGETS)
+    draw = model.image_policy.sample_bins
+    monkeypatch.setattr(
+        model.image_policy, "sample_bins", lambda a_g, generator=None: (draw(a_g, generator) + 5) % 10
+    )
+    torch.manual_seed(5)
+    model(IMAGES, TARGETS)
+    # per forward: sampled image, sampled text, then the mean actions of each (the baselines)
+    assert len(seen) == 8 and torch.equal(seen[5].bins, seen[1].bins)  # the captions' draws are the same
+    assert not torch.equal(seen[4].bins, seen[0].bins)
+    assert torch.equal(greedy[0]["image"], greedy[1]["image"])
+
+
+def test_self_critical_and_eq_10_baseline_exclude_each_other():
+    with pytest.raises(ValueError, match="self_critical and model.pg_baseline"):
+        make(self_critical=True, pg_baseline=True)
+
+
 # ---------------------------------------------------------------- the same feature scale in every row
 
 

@@ -271,7 +271,11 @@ def _analytic_gradients(policy: DiscreteContinuousPolicy) -> dict[str, torch.Ten
 
 
 def _mc_gradients(
-    policy: DiscreteContinuousPolicy, baseline: bool = False, offset: float = 0.0, chunks: int = 20, size: int = 5000
+    policy: DiscreteContinuousPolicy,
+    baseline: bool | str = False,
+    offset: float = 0.0,
+    chunks: int = 20,
+    size: int = 5000,
 ):
     """Each chunk: -d(loss) / d(biases) of ``size`` samples, per term, with the reward plus ``offset`` (which does
     not change the expected gradient). Returns {(term, bias): (chunks, ...)}."""
@@ -281,9 +285,12 @@ def _mc_gradients(
     for _ in range(chunks):
         out = policy(torch.zeros(size, 1, 1), generator=g)
         reward = _bandit_reward(out.head_attention[:, 0, 0]) + offset
-        losses = dict(
-            zip(("d", "c"), dcpg_losses(out, reward, leave_one_out_baseline(reward) if baseline else None), strict=True)
-        )
+        if baseline == "greedy":  # self-critical: the reward of the mean actions (does not depend on the sample)
+            mode = policy(torch.zeros(size, 1, 1), deterministic=True).head_attention[:, 0, 0]
+            b = _bandit_reward(mode) + offset
+        else:
+            b = leave_one_out_baseline(reward) if baseline else None
+        losses = dict(zip(("d", "c"), dcpg_losses(out, reward, b), strict=True))
         for term, loss in losses.items():
             if not loss.requires_grad:  # mode discrete: no continuous term
                 continue
@@ -335,12 +342,14 @@ def test_bandit_relaxed_discrete_term_is_zero_mean_noise():
     assert _analytic_gradients(_bandit_policy())["mu"].abs().min() > 0.1
 
 
-def test_bandit_leave_one_out_baseline_lowers_variance_without_moving_the_mean():
+@pytest.mark.parametrize("baseline", [True, "greedy"])
+def test_bandit_baselines_lower_variance_without_moving_the_mean(baseline):
     """Rewards in (2, 4): without a baseline the offset only adds variance; the leave-one-out baseline (eq. 10,
-    beta 1) removes most of it, and both estimates stay on the analytic gradient."""
+    beta 1) and the self-critical one (the reward of the mean actions) remove most of it, and every estimate stays
+    on the analytic gradient."""
     policy = _bandit_policy(mu_grad="none")
     analytic = _analytic_gradients(policy)
-    plain, based = _mc_gradients(policy, offset=2.0), _mc_gradients(policy, baseline=True, offset=2.0)
+    plain, based = _mc_gradients(policy, offset=2.0), _mc_gradients(policy, baseline=baseline, offset=2.0)
     for key in (("d", "mu"), ("c", "std")):
         a, b = plain[key], based[key]
         assert (b.std(0) < 0.5 * a.std(0)).all(), (key, b.std(0), a.std(0))
