@@ -39,6 +39,7 @@ from rlattention.rl.schedules import LinearSchedule
 from rlattention.vision.crops import crop_boxes, grid_boxes
 from rlattention.vision.entropy import binary_patch_entropy
 from rlattention.vision.glimpse import integral_image
+from rlattention.vision.pyramid import adaptive_pool_matrix, conv_relu_pool, pyramid_cells, tile_views
 
 
 @dataclass
@@ -103,98 +104,31 @@ class ConvGlimpseNetwork(nn.Module):
         return F.relu(self.fc_img(self.features(x).flatten(1)) + self.fc_loc(loc))
 
 
-def adaptive_pool_matrix(size: int, out: int) -> Tensor:
-    """``(out, size)``: row i averages the bin ``[floor(i size / out), ceil((i + 1) size / out))``, the bins of
-    :class:`torch.nn.AdaptiveAvgPool1d`, so that ``x @ P.T`` is that pooling of the last dimension."""
-    P = torch.zeros(out, size)
-    for i in range(out):
-        lo, hi = (i * size) // out, -(-(i + 1) * size // out)
-        P[i, lo:hi] = 1.0 / (hi - lo)
-    return P
-
-
-def _shifted(regions: Tensor) -> Tensor:
-    """The 9 taps of a 3 x 3 convolution with zero padding 1, and a row of ones for the bias: ``(N, C, r, r)`` ->
-    ``(C * 9 + 1, N * r * r)``, row ``c * 9 + 3 dy + dx`` (the order of ``conv.weight.reshape(out, C * 9)``)."""
-    N, C, r, _ = regions.shape
-    xp = F.pad(regions, (1, 1, 1, 1)).transpose(0, 1)  # (C, N, r+2, r+2)
-    taps = [xp[c, :, dy : dy + r, dx : dx + r] for c in range(C) for dy in range(3) for dx in range(3)]
-    return torch.stack([*taps, regions.new_ones(N, r, r)]).reshape(C * 9 + 1, N * r * r)
-
-
-class _ConvReluPool(torch.autograd.Function):
-    """``AdaptiveAvgPool(ReLU(conv_3x3(x)))`` of ``(N, C, r, r)`` regions as ``(k, N, s * s)``: the convolution is
-    one matrix product with the shifted copies of the regions, the pooling one with ``pool_t`` ``(r * r, s * s)``
-    (:func:`adaptive_pool_matrix`, both axes). A few regions at a time, so that the ``k x r x r`` maps stay in
-    cache; the backward pass recomputes them chunk by chunk instead of keeping them (they are 20 MB per pyramid
-    level at batch 128, and all their cost is memory traffic)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, pool_t: Tensor, chunk: int) -> Tensor:
-        k, r = weight.shape[0], x.shape[-1]
-        Wb = torch.cat((weight.reshape(k, -1), bias[:, None]), 1)  # (k, C * 9 + 1)
-        out = []
-        for xc in x.split(chunk):
-            h = Wb.mm(_shifted(xc)).clamp_(min=0)  # (k, n r r)
-            out.append(h.reshape(k * len(xc), r * r).mm(pool_t).reshape(k, len(xc), -1))
-        ctx.save_for_backward(x, Wb, pool_t)
-        ctx.chunk = chunk
-        return torch.cat(out, 1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, Wb, pool_t = ctx.saved_tensors
-        (_, C, r, _), k = x.shape, Wb.shape[0]
-        gWb = torch.zeros_like(Wb)
-        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        pool = pool_t.t().contiguous()
-        start = 0
-        for xc in x.split(ctx.chunk):
-            n = len(xc)
-            cols = _shifted(xc)
-            pre = Wb.mm(cols)  # (k, n r r), recomputed
-            g = grad[:, start : start + n].reshape(k * n, -1).mm(pool).reshape(k, n * r * r)
-            g = torch.ops.aten.threshold_backward(g, pre, 0)  # ReLU'
-            gWb.addmm_(g, cols.t())
-            if gx is not None:  # the transpose of _shifted: add each tap's gradient back at its shift
-                gcols = Wb[:, :-1].t().mm(g).reshape(C, 9, n, r, r)
-                gp = x.new_zeros(C, n, r + 2, r + 2)
-                for i, (dy, dx) in enumerate((dy, dx) for dy in range(3) for dx in range(3)):
-                    gp[:, :, dy : dy + r, dx : dx + r] += gcols[:, i]
-                gx[start : start + n] = gp[:, :, 1:-1, 1:-1].transpose(0, 1)
-            start += n
-        return gx, gWb[:, :-1].reshape(k, C, 3, 3), gWb[:, -1], None, None
-
-
 class RegionQNetwork(nn.Module):
     """Q(s_l, .): one conv layer shared by the regions, a linear map to v_i (eq. 6), the concatenation s_l
     (eq. 7), and a fully connected layer to |A| values.
 
-    v_i = ReLU(W_e AdaptiveAvgPool_4(ReLU(conv_3x3(region_i)))). The convolution (few input channels, many small
-    regions) is computed as one matrix product over the 9 shifted copies of the zero-padded regions, and the
-    adaptive pooling as one product with a fixed averaging matrix: the same values as ``nn.Conv2d`` then
-    ``nn.AdaptiveAvgPool2d`` (up to float rounding; tests/methods/test_unified.py keeps that reference), at a
-    fraction of their cost on CPU, where both are slow for one input channel and 25 x 25 maps.
+    v_i = ReLU(W_e AdaptiveAvgPool_4(ReLU(conv_3x3(region_i)))). On CPU the convolution, ReLU and pooling are
+    :func:`rlattention.vision.pyramid.conv_relu_pool` (matrix products over the 9 shifted copies of the regions, and
+    a fixed averaging matrix applied to the rows and then the columns of the maps): the same values and gradients
+    as ``nn.Conv2d`` then ``nn.AdaptiveAvgPool2d`` (up to float rounding; tests/methods/test_unified.py keeps that
+    reference), at a fraction of their cost on CPU, where both are slow for one input channel and 25 x 25 maps.
     """
 
     def __init__(self, channels: int, region_px: int, num_regions: int, region_dim: int) -> None:
         super().__init__()
         self.conv = nn.Conv2d(channels, 16, 3, padding=1)
         side = min(4, region_px)
-        P = adaptive_pool_matrix(region_px, side)  # (side, r)
-        # (r * r, side * side): column oy * side + ox averages the pixels y * r + x of that output bin
-        self.register_buffer("pool_t", torch.kron(P, P).t().contiguous(), persistent=False)
+        self.register_buffer("pool", adaptive_pool_matrix(region_px, side), persistent=False)  # (side, r)
         self.encode = nn.Linear(16 * side * side, region_dim)
         self.q = nn.Linear(num_regions * region_dim, num_regions)
 
     def features(self, regions: Tensor) -> Tensor:
-        """``(N, C, r, r)`` -> AdaptiveAvgPool(ReLU(conv(regions))) flattened as ``(N, 16 * side * side)``. Under
-        autocast, on other devices or when compiling, the modules themselves (the kernel is fp32 CPU code)."""
+        """``(N, C, r, r)`` -> AdaptiveAvgPool(ReLU(conv(regions))) flattened as ``(N, 16 * side * side)``. The
+        kernel is fp32/fp64 CPU code: under autocast, on other devices or when compiling, the modules themselves."""
         if regions.device.type != "cpu" or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
-            side = self.encode.in_features // self.conv.out_channels
-            return F.adaptive_avg_pool2d(F.relu(self.conv(regions)), int(round(side**0.5))).flatten(1)
-        pooled = _ConvReluPool.apply(regions, self.conv.weight, self.conv.bias, self.pool_t.to(regions.dtype), 32)
-        return pooled.transpose(0, 1).flatten(1)  # (N, k * s * s), channel-major as nn.Conv2d's
+            return F.adaptive_avg_pool2d(F.relu(self.conv(regions)), self.pool.shape[0]).flatten(1)
+        return conv_relu_pool(regions, self.conv.weight, self.conv.bias, self.pool)
 
     def forward(self, regions: Tensor) -> Tensor:
         """regions ``(B, A, C, r, r)`` -> Q ``(B, A)``."""
@@ -242,6 +176,12 @@ class Unified(RAM):
         if cfg.top_down:
             self.region_px = max(1, (cfg.region_size or min(H, W) // 2) // cfg.pyramid_split)
             self.q_net = RegionQNetwork(C, self.region_px, cfg.pyramid_split**2, cfg.region_dim)
+            # per level: (pixels per view cell down, across) when its regions sit on the pixel grid, else None
+            self.view_cells: list[tuple[int, int] | None] = []
+            for level in range(cfg.pyramid_levels):
+                per_side = cfg.pyramid_split ** (level + 1)
+                cells = (pyramid_cells(H, per_side, self.region_px), pyramid_cells(W, per_side, self.region_px))
+                self.view_cells.append(cells if all(cells) else None)
             self.q_target = TargetNetwork(self.q_net)
             self.register_buffer("q_updates", torch.zeros((), dtype=torch.long))
             self.epsilon = LinearSchedule(cfg.epsilon_start, cfg.epsilon_end)
@@ -252,9 +192,14 @@ class Unified(RAM):
         self._progress = progress
 
     # ----------------------------------------------------------------------------------------- top-down
-    def _level_views(self, images: Tensor, S: Tensor, region: Tensor) -> tuple[Tensor, Tensor]:
-        """Sub-regions of ``region`` ``(B, 4)``: boxes ``(B, A, 4)`` and their views ``(B, A, C, r, r)``."""
+    def _level_views(self, images: Tensor, S: Tensor | None, region: Tensor, level: int) -> tuple[Tensor, Tensor]:
+        """Sub-regions of ``region`` ``(B, 4)``: boxes ``(B, A, 4)`` and their views ``(B, A, C, r, r)``, each cell
+        the mean of the image over it: tiles of the average-pooled image when the level's cells are whole pixels
+        on the pixel grid, else area crops from the integral image ``S`` (the same values)."""
         boxes = grid_boxes(region, self.cfg.pyramid_split)
+        cells = self.view_cells[level]
+        if cells is not None:
+            return boxes, tile_views(images, boxes, self.region_px, cells)
         return boxes, crop_boxes(images, boxes, (self.region_px, self.region_px), integral=S)
 
     def top_down(
@@ -262,11 +207,11 @@ class Unified(RAM):
     ) -> TopDown:
         """Descend the pyramid, greedily (evaluation) or exploring (training)."""
         B = images.shape[0]
-        S = integral_image(images) if integral is None else integral
+        S = integral if integral is not None or None not in self.view_cells else integral_image(images)
         region = images.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(B, 4)
         qs, actions, next_q_target, level_boxes = [], [], [], []
         for level in range(self.cfg.pyramid_levels):
-            boxes, views = self._level_views(images, S, region)
+            boxes, views = self._level_views(images, S, region, level)
             if level > 0 and self.training:
                 next_q_target.append(self.q_target(views))  # Q_target(s_{l+1}, .) for level l - 1
             q = self.q_net(views)

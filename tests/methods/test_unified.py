@@ -126,31 +126,69 @@ def test_sequence_targets_must_match_emitted_tokens():
         m(torch.rand(1, 1, 54, 54), y)
 
 
-# ----------------------------------------------------------------------- the region Q-network's fast kernel
+# ---------------------------------------------------------------- the top-down path's fast kernels (vision/pyramid)
 def _reference_features(net, regions):
     """The region encoder as first written: ``nn.Conv2d``, ReLU, ``nn.AdaptiveAvgPool2d``."""
     side = min(4, regions.shape[-1])
-    h = torch.relu(torch.nn.functional.conv2d(regions, net.conv.weight, net.conv.bias, padding=1))
-    return torch.nn.functional.adaptive_avg_pool2d(h, side).flatten(1)
+    return torch.nn.AdaptiveAvgPool2d(side)(torch.relu(net.conv(regions))).flatten(1)
+
+
+def _clutter(n, shape, seed=0):
+    """Dark images with 6 bright random squares of a sixth of the side (well-separated Q-values, unlike noise)."""
+    g = torch.Generator().manual_seed(seed)
+    x, side = torch.zeros(n, *shape), shape[-1] // 6
+    for b in range(n):
+        for _ in range(6):
+            i, j = torch.randint(0, shape[-1] - side, (2,), generator=g).tolist()
+            x[b, :, i : i + side, j : j + side] = torch.rand(shape[0], side, side, generator=g)
+    return x
 
 
 @pytest.mark.parametrize("size,out", [(25, 4), (7, 4), (3, 3), (10, 4), (50, 4)])
 def test_adaptive_pool_matrix_is_adaptive_avg_pool(size, out):
-    from rlattention.methods.unified import adaptive_pool_matrix
+    from rlattention.vision.pyramid import adaptive_pool_matrix
 
     x = torch.rand(5, size, dtype=torch.float64)
     ref = torch.nn.functional.adaptive_avg_pool1d(x[:, None], out)[:, 0]
     assert torch.allclose(x @ adaptive_pool_matrix(size, out).double().t(), ref)
 
 
-@pytest.mark.parametrize("channels,px,n", [(1, 25, 70), (3, 7, 40), (1, 3, 5), (2, 10, 33)])
-def test_region_features_match_conv_relu_pool(channels, px, n):
+@pytest.mark.parametrize("channels,px,n,chunk", [(1, 25, 70, 32), (3, 7, 40, 32), (1, 3, 5, 32), (2, 10, 33, 8)])
+def test_region_features_match_conv_relu_pool(channels, px, n, chunk):
+    """Values and gradients (regions, weight, bias) of the kernel against nn.Conv2d, ReLU, nn.AdaptiveAvgPool2d;
+    n not a multiple of the chunk (zero regions complete the last one), several chunks."""
     from rlattention.methods.unified import RegionQNetwork
+    from rlattention.vision.pyramid import conv_relu_pool
 
     torch.manual_seed(0)
     net = RegionQNetwork(channels, px, 4, 16)
     x = torch.randn(n, channels, px, px, requires_grad=True)
     w = torch.randn(n, 16 * min(4, px) ** 2)
+    results = []
+    for f in (_reference_features, lambda net, x: conv_relu_pool(x, net.conv.weight, net.conv.bias, net.pool, chunk)):
+        net.zero_grad()
+        x.grad = None
+        y = f(net, x)
+        (y * w).sum().backward()
+        results.append((y.detach(), x.grad.clone(), net.conv.weight.grad.clone(), net.conv.bias.grad.clone()))
+    for a, b in zip(
+        *results, strict=True
+    ):  # sums over n * px * px terms in another order: float rounding of the largest
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
+    with torch.no_grad():  # the target network's path
+        assert torch.allclose(net.features(x), results[0][0], rtol=1e-4, atol=1e-5)
+
+
+def test_region_features_equal_the_reference_in_float64():
+    """In float64 the kernel and the modules agree to 1e-12: the same function, summed in another order."""
+    from rlattention.methods.unified import RegionQNetwork
+    from rlattention.vision.pyramid import adaptive_pool_matrix
+
+    torch.manual_seed(0)
+    net = RegionQNetwork(1, 25, 4, 16).double()
+    net.pool = adaptive_pool_matrix(25, 4, torch.float64)  # the averaging weights in float64 too (1/7)
+    x = torch.randn(40, 1, 25, 25, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 256, dtype=torch.float64)
     grads = []
     for f in (_reference_features, lambda net, x: net.features(x)):
         net.zero_grad()
@@ -158,20 +196,75 @@ def test_region_features_match_conv_relu_pool(channels, px, n):
         y = f(net, x)
         (y * w).sum().backward()
         grads.append((y.detach(), x.grad.clone(), net.conv.weight.grad.clone(), net.conv.bias.grad.clone()))
-    for a, b in zip(*grads, strict=True):  # sums over n * px * px terms in another order: float rounding of the largest
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
-    with torch.no_grad():  # the target network's path
-        assert torch.allclose(net.features(x), grads[0][0], rtol=1e-4, atol=1e-5)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12 * float(a.abs().max()))
 
 
-def test_fast_region_features_train_as_the_reference(monkeypatch):
-    """A few optimiser steps from one seed give the same losses with the fast kernel and with the reference."""
+@pytest.mark.parametrize("cells", [(1, 1), (2, 2), (2, 3), (4, 1)])
+def test_block_means_is_avg_pool2d(cells):
+    from rlattention.vision.pyramid import block_means
+
+    x = torch.rand(3, 2, 12, 12, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 12 // cells[0], 12 // cells[1], dtype=torch.float64)
+    ref = torch.nn.functional.avg_pool2d(x, cells)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), x)
+    got = block_means(x, *cells)
+    (g_got,) = torch.autograd.grad((got * w).sum(), x)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(g_got, g_ref)
+
+
+@pytest.mark.parametrize("shape,split", [((1, 100, 100), 2), ((3, 60, 40), 2), ((1, 54, 54), 3)])
+def test_tile_views_match_area_crops(shape, split):
+    """On the pixel grid, the tiles of the average-pooled image are the area crops, values and image gradients."""
+    from rlattention.vision.crops import crop_boxes, grid_boxes
+    from rlattention.vision.pyramid import pyramid_cells, tile_views
+
+    C, H, W = shape
+    x = torch.rand(4, *shape, dtype=torch.float64, requires_grad=True)
+    view = min(H, W) // 2 // split
+    region = x.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(4, 4)
+    g = torch.Generator().manual_seed(0)
+    for level in range(2):
+        cells = (pyramid_cells(H, split ** (level + 1), view), pyramid_cells(W, split ** (level + 1), view))
+        boxes = grid_boxes(region, split)
+        if all(cells):
+            ref, got = crop_boxes(x, boxes, (view, view)), tile_views(x, boxes, view, cells)
+            w = torch.randn(ref.shape, dtype=torch.float64)
+            (g_ref,) = torch.autograd.grad((ref * w).sum(), x)
+            (g_got,) = torch.autograd.grad((got * w).sum(), x)
+            torch.testing.assert_close(got, ref)
+            torch.testing.assert_close(g_got, g_ref)
+        region = boxes[torch.arange(4), torch.randint(0, split**2, (4,), generator=g)]
+
+
+def test_pyramid_levels_take_tiles_only_on_the_pixel_grid():
+    """100 x 100 at 25 x 25 views: cells of 2 then 1 pixels (tiles); a third level (12.5 pixels viewed at 25) and
+    region_size 24 (12 x 12 views) are off the grid: area crops. Either way the views are the area crops."""
+    from rlattention.vision.crops import crop_boxes, grid_boxes
+
+    assert _model((1, 100, 100), top_down=True).view_cells == [(2, 2), (1, 1)]
+    assert _model((1, 100, 100), top_down=True, pyramid_levels=3).view_cells == [(2, 2), (1, 1), None]
+    assert _model((1, 100, 100), top_down=True, region_size=24).view_cells == [None, None]
+    m = _model((1, 100, 100), top_down=True, pyramid_levels=3)
+    x = _clutter(4, (1, 100, 100))
+    region = x.new_tensor([-1.0, -1.0, 1.0, 1.0]).expand(4, 4)
+    for level in range(3):
+        boxes, views = m._level_views(x, None, region, level)
+        torch.testing.assert_close(views, crop_boxes(x, grid_boxes(region, 2), (25, 25)))
+        region = boxes[:, (level + 1) % 4]
+
+
+def test_fast_top_down_trains_as_the_reference(monkeypatch):
+    """A few optimiser steps from one seed give the same losses and weights (up to float rounding) with the fast
+    kernels as with the references: nn.Conv2d + nn.AdaptiveAvgPool2d, and area crops for every pyramid level."""
+    import rlattention.methods.unified as U
     from rlattention.methods.unified import RegionQNetwork
 
     shape = (1, 60, 60)
-    x, y = torch.rand(16, *shape), torch.randint(0, 10, (16,))
+    x, y = _clutter(16, shape), torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(1))
 
-    def losses():
+    def train():
         m = _model(shape, top_down=True, entropy=True, context=True, num_scales=2, glimpse_size=8)
         m.set_progress(0.5)
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
@@ -183,9 +276,12 @@ def test_fast_region_features_train_as_the_reference(monkeypatch):
             step.loss.backward()
             opt.step()
             out.append(torch.stack([v.detach() for v in step.terms.values()]))
-        return torch.stack(out)
+        return torch.stack(out), m.state_dict()
 
-    fast = losses()
+    fast, fast_weights = train()
     monkeypatch.setattr(RegionQNetwork, "features", _reference_features)
-    ref = losses()
-    assert torch.allclose(fast, ref, rtol=1e-4, atol=1e-6)
+    monkeypatch.setattr(U, "tile_views", lambda images, boxes, view, cells: U.crop_boxes(images, boxes, (view, view)))
+    ref, ref_weights = train()
+    assert torch.allclose(fast, ref, rtol=1e-5, atol=1e-6)
+    for k, v in ref_weights.items():  # Adam steps of about lr = 1e-3: rounding of the gradients moves them ~1e-8
+        assert torch.allclose(fast_weights[k].float(), v.float(), rtol=0, atol=1e-6), k
