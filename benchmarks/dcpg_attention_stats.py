@@ -5,6 +5,11 @@ words by kind (digit words, colours, sizes, relation words, the rest), over a wh
     RLATTENTION_CACHE=/tmp/rlcache python benchmarks/dcpg_attention_stats.py \\
         runs/studies/dcpg_digit_scenes/full_s0/checkpoints/best.ckpt ... --data-dir ../shared/data/mnist
 
+``--probe FOLDER`` (a generated digit-scenes folder, e.g. ``/tmp/rlcache/digit_scenes_s0_2500_1000``) also fits a
+linear probe (logistic regression, L-BFGS, standardised features) from a region's features to "digit or
+distractor" on the train split and prints its test accuracy: how much of the selection the encoder's first linear
+layer can already do without any attention.
+
 One markdown row per checkpoint. A region is a digit region when the split's scene descriptions
 (``{split}_scenes.json`` of the generated folder, found by :func:`find_scene_images`, which checks the features)
 assign a digit to it; the others are distractors. ``digit - distractor`` is the mean weight of the digit regions
@@ -93,6 +98,35 @@ def attention_stats(model, images: torch.Tensor, targets: torch.Tensor, batch: i
     return out
 
 
+def distractor_probe(folder: str | Path) -> tuple[float, float]:
+    """(test accuracy, fraction of digit regions in test) of a logistic regression from one region's features to
+    digit (True) / distractor, fitted on the train split of a generated digit-scenes folder."""
+    from rlattention.data.synthetic.digit_scenes import read_scene_descriptions
+
+    def split(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        features = np.load(Path(folder) / f"{name}_ims.npy", allow_pickle=False)
+        digit = np.zeros(features.shape[:2], dtype=np.float32)
+        for i, scene in enumerate(read_scene_descriptions(folder, name)):
+            digit[i, [d.region for d in scene if d.region >= 0]] = 1.0
+        return torch.tensor(features.reshape(-1, features.shape[-1])), torch.tensor(digit.reshape(-1))
+
+    (x, y), (x_test, y_test) = split("train"), split("test")
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    probe = torch.nn.Linear(x.shape[1], 1)
+    opt = torch.optim.LBFGS(probe.parameters(), max_iter=200)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(probe((x - mean) / std).squeeze(1), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        correct = (probe((x_test - mean) / std).squeeze(1) > 0).float() == y_test
+    return float(correct.float().mean()), float(y_test.mean())
+
+
 COLUMNS = ("digit", "distractor", "digit - distractor", "word digit", "word colour", "word size", "word relation",
            "word other")  # fmt: skip
 
@@ -101,10 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     from dcpg_figures import load_dcpg
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoints", nargs="+", metavar="[LABEL=]CKPT")
+    ap.add_argument("checkpoints", nargs="*", metavar="[LABEL=]CKPT")
+    ap.add_argument("--probe", metavar="FOLDER", help="also the linear digit/distractor probe of this scenes folder")
     ap.add_argument("--data-dir", help="the dataset folder, as for rlattention viz (digit_scenes: the MNIST folder)")
     ap.add_argument("--split", default="test", choices=["test", "val"])
     args = ap.parse_args(argv)
+    if args.probe:
+        torch.manual_seed(0)
+        accuracy, share = distractor_probe(args.probe)
+        print(f"Linear probe, region features -> digit/distractor: test accuracy {100 * accuracy:.2f}% "
+              f"(digit regions: {100 * share:.1f}% of the test regions)\n")  # fmt: skip
+    if not args.checkpoints:
+        return 0
     head = "| checkpoint | " + " | ".join(f"{c} (sd)" if c != "digit - distractor" else c for c in COLUMNS) + " |"
     print(head)
     print("|" + "---|" * (len(COLUMNS) + 1))

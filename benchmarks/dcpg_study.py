@@ -129,6 +129,17 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         ("model.init_att_std=0.05", "model.self_critical=true"),
         "full_att05 with the self-critical baseline (advantage: R(sampled) - R(mean actions) of the same query)",
     ),
+    (
+        "full_att05_sc_lr10",
+        "",
+        (
+            "model.init_att_std=0.05",
+            "model.self_critical=true",
+            "optim.lr_scale.image_policy=10",
+            "optim.lr_scale.text_policy=10",
+        ),
+        "full_att05_sc with the policies' learning rate x 10",
+    ),
 )
 
 
