@@ -11,7 +11,8 @@ cheaply on CPU.
   ``nn.Conv2d`` and ``nn.AdaptiveAvgPool2d`` are slow on CPU: :func:`conv_relu_pool`, chunk by chunk of regions,
   lays out the 9 shifted copies of the zero-padded regions, computes the convolution as one matrix product with
   them and pools the rows and then the columns of the maps with a fixed averaging matrix
-  (:func:`adaptive_pool_matrix`): ``P h P^T``, a fifth of the arithmetic of one product with ``kron(P, P)``.
+  (:func:`adaptive_pool_matrix`): ``P h P^T``, under a third of the arithmetic of one product with
+  ``kron(P, P)``.
 
 Both equal the slow references up to float rounding, in values and in gradients; tests/methods/test_unified.py
 keeps the references.
@@ -172,7 +173,7 @@ def conv_relu_pool(regions: Tensor, weight: Tensor, bias: Tensor, P: Tensor, chu
 
     weight ``(k, C, 3, 3)``, bias ``(k,)``: the convolution's. P ``(s, r)``: :func:`adaptive_pool_matrix`, applied
     to the rows and then to the columns of every map (``P h P^T``: the same values as one product with
-    ``kron(P, P)``, at a fifth of its arithmetic). Chunks of ``chunk`` regions. Differentiable w.r.t. the regions,
+    ``kron(P, P)``, at under a third of its arithmetic). Chunks of ``chunk`` regions. Differentiable w.r.t. the regions,
     the weight and the bias.
     """
     N = regions.shape[0]
