@@ -17,6 +17,14 @@ model for visual recognition"): RAM (``methods/ram.py``) extended by
 Hybrid loss (eq. 14): -y log alpha_T - beta_1 y log z_hat + beta_2 J(theta) (+ the baseline regression and the
 Q-learning loss, which train disjoint parameters). Every component is a switch: with ``top_down``,
 ``entropy`` and ``context`` off this is RAM.
+
+beta_2 (``reinforce_weight``) only means something where J shares parameters with the other terms: Adam divides
+each parameter's step by the root of its own squared-gradient average, so a gradient that only ever comes from
+beta_2 J (the location network's) takes the same steps whatever beta_2 is (up to Adam's epsilon). Algorithm 1
+updates the glimpse, core, location and classifier parameters together by eq. 14, so the policy gradient
+reaches the core and glimpse networks through log pi(L_t | H_t), scaled by beta_2, beside the classification
+and context gradients: ``policy_grad_to_core`` is true here (RAM's own default is false). With it false,
+the location network reads a detached H_t and beta_2 has no effect under Adam.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class UnifiedConfig(RAMConfig):
 
     std: float = 0.15
     reinforce_weight: float = 0.01  # beta_2
+    policy_grad_to_core: bool = True  # beta_2 J trains the core and glimpse networks too (eq. 14, Algorithm 1)
     # bottom-up
     glimpse_net: str = "fc"  # fc (RAM's, used for MNIST) | conv (three conv layers with norm and pooling)
     conv_channels: list[int] = field(default_factory=lambda: [64, 64, 128])
