@@ -19,8 +19,20 @@ the file of its name (``configs/dcpg_digit_scenes_<row>.yaml``): ``baseline`` (t
 no policy, features scaled by lambda * 0.5 like the policy rows), ``noise_matched`` (the full network with its
 policies frozen at their initial weights and no policy gradient: attention noise without learning), ``discrete``,
 ``continuous`` (1 head), ``continuous_multihead`` (2 heads), ``full`` (discrete-continuous, 2 heads, reward R@1 + AP,
-lambda 20, straight-through estimator, logit bins, sigma starting at 0.15), ``reward_r1``, ``reward_ap``,
-``lambda10``, ``lambda30``, ``single_head``, ``pg_baseline`` (the leave-one-out baseline of eq. 10).
+lambda 20, straight-through estimator, logit bins, sigma starting at 0.15, the discrete stage starting near Att 0.5,
+the self-critical advantage, the policies at 10x the learning rate), ``reward_r1``, ``reward_ap``, ``lambda10``,
+``lambda30``, ``single_head``, ``pg_baseline`` (the leave-one-out baseline of eq. 10 instead of the self-critical
+one).
+
+``full`` is chosen on validation rsum (``best_val_rsum``, mean over the seeds every candidate ran) among the
+variants ``full_uniform`` (the discrete stage starting nearly uniform over the bins: the first ``full`` runs, renamed),
+``full_att05`` (a Gaussian prior over the bins around Att 0.5, sd 0.05: ``model.init_att_std``), ``full_att10``
+(sd 0.1), ``full_att05_sc`` (+ ``model.self_critical``) and ``full_att05_sc_lr10`` (+ ``model.policy_lr_scale=10``);
+the config ``dcpg_digit_scenes.yaml`` carries the chosen one's settings, so that every ablation row is it plus one
+switch. ``noise_matched`` is ``noise_matched_att05``, the control of every att05 candidate (the same initial policy;
+``noise_matched_uniform``, the control of ``full_uniform``, ran as ``noise_matched`` first). The variants' rows pin
+their settings with overrides; their seed-0 records were run before the config carried the chosen settings (the
+commands recorded then reproduce them with the code of that commit, 19028a8-bd59650).
 
 Budget (the same for every row, :data:`BUDGET`): 20 epochs of 98 steps (batch 128), Adam 4e-4 for 16 epochs, then
 x 0.1 for 4 (``trainer.epochs=20 optim.step_epochs=16``), instead of the configs' 30 epochs of 390 steps.
@@ -78,11 +90,9 @@ MIN_GAIN, WINDOW = 1.0, 2
 #: (row, config suffix, what the row is). The row's config is configs/dcpg_digit_scenes{suffix}.yaml.
 ROWS_SPEC: tuple[tuple[str, str, str], ...] = (
     ("baseline", "_baseline", "triplet + instance + text decoding, no policy (features x lambda * 0.5)"),
-    ("noise_matched", "_noise_matched", "control: the full network, policies frozen at init, no policy gradient"),
     ("discrete", "_discrete", "discrete PG only (the bin is the attention)"),
     ("continuous", "_continuous", "continuous PG only, 1 Gaussian head"),
     ("continuous_multihead", "_continuous_multihead", "continuous PG, 2 Gaussian heads"),
-    ("full", "", "DCPG: discrete-continuous PG, 2 heads, reward R@1 + AP, lambda 20"),
     ("reward_r1", "_reward_r1", "full, reward R@1 only"),
     ("reward_ap", "_reward_ap", "full, reward AP only"),
     ("lambda10", "_lambda10", "full, lambda 10"),
@@ -106,9 +116,22 @@ METRIC_KEYS = {
 #: Variants tried on the way (not rows of the issue): (row, config suffix, extra overrides, what it is).
 VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     (
+        "full_uniform",
+        "",
+        ("model.init_att_std=null", "model.self_critical=false", "model.policy_lr_scale=1"),
+        "full, the discrete stage starting nearly uniform over the bins (PyTorch's init; run as `full` before "
+        "init_att_std existed, when this was the config's behaviour)",
+    ),
+    (
+        "noise_matched_uniform",
+        "_noise_matched",
+        ("model.init_att_std=null",),
+        "noise_matched of full_uniform (run as `noise_matched` before init_att_std existed)",
+    ),
+    (
         "full_att05",
         "",
-        ("model.init_att_std=0.05",),
+        ("model.init_att_std=0.05", "model.self_critical=false", "model.policy_lr_scale=1"),
         "full, the discrete stage starting near Att 0.5 (a Gaussian prior over the bins, sd 0.05)",
     ),
     (
@@ -120,13 +143,13 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     (
         "full_att10",
         "",
-        ("model.init_att_std=0.1",),
+        ("model.init_att_std=0.1", "model.self_critical=false", "model.policy_lr_scale=1"),
         "full, the discrete stage starting near Att 0.5 with sd 0.1 (more exploration than full_att05)",
     ),
     (
         "full_att05_sc",
         "",
-        ("model.init_att_std=0.05", "model.self_critical=true"),
+        ("model.init_att_std=0.05", "model.self_critical=true", "model.policy_lr_scale=1"),
         "full_att05 with the self-critical baseline (advantage: R(sampled) - R(mean actions) of the same query)",
     ),
     (
@@ -143,10 +166,33 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 )
 
 
+#: The issue's rows chosen on validation among variants (the candidates ran under their own names).
+FULL_CANDIDATES = ("full_uniform", "full_att05", "full_att10", "full_att05_sc", "full_att05_sc_lr10")
+
+
 def rows() -> list[Row]:
-    issue = [
+    chosen = [
+        Row(
+            "full",
+            "configs/dcpg_digit_scenes.yaml",
+            list(BUDGET),
+            "DCPG: discrete-continuous PG, 2 heads, reward R@1 + AP, lambda 20",
+            candidates=FULL_CANDIDATES,
+            select_key="best_val_rsum",
+        ),
+        Row(
+            "noise_matched",
+            "configs/dcpg_digit_scenes_noise_matched.yaml",
+            list(BUDGET),
+            "control: the full network, policies frozen at init, no policy gradient (of the att05 candidates)",
+            candidates=("noise_matched_att05",),
+            select_key="best_val_rsum",
+        ),
+    ]
+    plain = [
         Row(name, f"configs/dcpg_digit_scenes{suffix}.yaml", list(BUDGET), note) for name, suffix, note in ROWS_SPEC
     ]
+    issue = plain[:1] + chosen + plain[1:]  # baseline, full, noise_matched, the ablation rows
     variants = [
         Row(name, f"configs/dcpg_digit_scenes{suffix}.yaml", [*BUDGET, *extra], note, issue_row=False)
         for name, suffix, extra, note in VARIANTS

@@ -109,6 +109,11 @@ class AttentionMethod(nn.Module):
         """Differentiable deterministic logits ``(B, K)`` for gradient-based attacks (mean actions)."""
         raise NotImplementedError(f"{type(self).__name__} does not support gradient attacks")
 
+    def lr_scales(self) -> dict[str, float]:
+        """Learning-rate multipliers the method's own config asks for: parameter-name prefix -> factor, applied
+        as ``optim.lr_scale`` is (which overrides them prefix by prefix). None by default."""
+        return {}
+
     def set_progress(self, progress: float) -> None:
         """Called before every training step with the fraction of training done, in [0, 1]."""
 

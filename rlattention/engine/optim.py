@@ -12,11 +12,14 @@ from torch import nn
 from rlattention.engine.config import OptimConfig
 
 
-def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> list[dict]:
+def param_groups(
+    named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig, method_scales: dict[str, float] | None = None
+) -> list[dict]:
     """Parameter groups of ``optim.lr_scale``: each parameter at ``lr`` times the multiplier of the longest
-    prefix of its name (``locator`` matches ``locator.fc.weight``, not ``locators.x``), 1 without one."""
+    prefix of its name (``locator`` matches ``locator.fc.weight``, not ``locators.x``), 1 without one.
+    ``method_scales``: the method's own multipliers (:meth:`AttentionMethod.lr_scales`), under ``optim.lr_scale``."""
     named = list(named)
-    scales = dict(cfg.lr_scale or {})
+    scales = {**(method_scales or {}), **dict(cfg.lr_scale or {})}
     for prefix, scale in scales.items():
         if not scale > 0:
             raise ValueError(f"optim.lr_scale.{prefix} must be > 0, got {scale}")
@@ -31,15 +34,15 @@ def param_groups(named: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) ->
     return [{"params": groups[scale], "lr": cfg.lr * scale} for scale in order]
 
 
-def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+def make_optimizer(params, cfg: OptimConfig, method_scales: dict[str, float] | None = None) -> torch.optim.Optimizer:
     """The optimiser of ``optim``; ``params``: parameters, or ``(name, parameter)`` pairs (needed by
-    ``optim.lr_scale``)."""
+    ``optim.lr_scale`` and ``method_scales``, the method's own multipliers)."""
     params = list(params)
     named = bool(params) and isinstance(params[0], tuple)
-    if cfg.lr_scale and not named:
+    if (cfg.lr_scale or method_scales) and not named:
         raise ValueError("optim.lr_scale needs named parameters (pass model.named_parameters())")
     if named:
-        params = param_groups(params, cfg)
+        params = param_groups(params, cfg, method_scales)
     if cfg.name == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.name == "sgd":

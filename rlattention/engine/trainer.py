@@ -322,7 +322,8 @@ class Trainer:
         if tc.compile:  # compiles forward (the training step) in place: parameter names and checkpoints unchanged
             options = get_method(self.cfg.method).cpu_compile_options if fabric.device.type == "cpu" else {}
             model.compile(options=dict(options) or None)
-        optimizer = make_optimizer(model.named_parameters(), self.cfg.optim)  # frozen parameters: not stepped
+        # frozen parameters: not stepped; the method's own lr multipliers under optim.lr_scale
+        optimizer = make_optimizer(model.named_parameters(), self.cfg.optim, model.lr_scales())
         self.loader = self._make_loader()
         self.steps_per_epoch = len(self.loader)
         # with trainer.max_steps > 0 the run lasts exactly that many steps (trainer.epochs is then ignored)

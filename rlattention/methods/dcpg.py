@@ -88,8 +88,10 @@ class DCPGConfig:
     tau: float = 1.0  # Gumbel-softmax temperature
     init_std: float | None = 0.15  # sigma of the continuous stage starts at this, so that training's attention is
     # close to evaluation's (z = mu); None: PyTorch's default init (sigma near softplus(0) = 0.69)
-    init_att_std: float | None = None  # the discrete stage starts as a discretised Gaussian over the bins around
-    # Att 0.5 with this standard deviation (attention units); None: nearly uniform over the bins (PyTorch's init)
+    init_att_std: float | None = 0.05  # the discrete stage starts as a discretised Gaussian over the bins around
+    # Att 0.5 with this standard deviation (attention units), so that the first weights drawn are near the no-policy
+    # rows' constant 0.5; None: nearly uniform over the bins (PyTorch's init: weights spread over (0, 1), which cost
+    # 34 rsum in the issue-19 study)
     pg_to_features: bool = False  # let the policy gradient reach the region/word encoders (false: policies read
     # detached features, so the REINFORCE noise trains only the policies)
     estimator: str = "straight_through"  # straight_through: the sampled bin a_s drives the forward pass (the
@@ -112,6 +114,8 @@ class DCPGConfig:
     instance_weight: float = 1.0  # 0 removes the instance loss
     decoding_weight: float = 1.0  # 0 removes the text-decoding loss
     pg_weight: float = 1.0
+    policy_lr_scale: float = 1.0  # the policies' learning rate is optim.lr times this (their only gradient is the
+    # policy gradient, whose scale Adam ignores: this is what sets how fast they move)
     decoder_layers: int = 2
     glove: str | None = None  # optional glove.*.txt to initialise the word embedding
     select_on: str = "rsum"
@@ -143,6 +147,7 @@ def _check_config(cfg: DCPGConfig) -> None:
             "> 0.001 (the policy's min_std) or null",
         ),
         ("init_att_std", cfg.init_att_std, cfg.init_att_std is None or cfg.init_att_std > 0, "> 0 or null"),
+        ("policy_lr_scale", cfg.policy_lr_scale, cfg.policy_lr_scale > 0, "> 0"),
         (
             "fixed_attention",
             cfg.fixed_attention,
@@ -239,6 +244,12 @@ class DCPG(AttentionMethod):
             self._load_glove(cfg.glove, info)
         # the ordinary words (ids 4..) for figures; a plain attribute, not in the state dict (see the module doc)
         self.vocab_words: list[str] = [str(w) for w in info.meta.get("vocab") or []]
+
+    def lr_scales(self) -> dict[str, float]:
+        """``model.policy_lr_scale`` for both policies (none without policies or at 1)."""
+        if self.image_policy is None or self.cfg.policy_lr_scale == 1.0:
+            return {}
+        return {"image_policy": self.cfg.policy_lr_scale, "text_policy": self.cfg.policy_lr_scale}
 
     @classmethod
     def from_config(cls, cfg: DCPGConfig, info: DataInfo) -> DCPG:

@@ -69,3 +69,44 @@ def test_from_a_file_and_a_checkpoints_config(tmp_path):
     assert dict(from_dict(to_dict(cfg)).optim.lr_scale) == {"locator": 3.0}  # what a checkpoint stores, read back
     with pytest.raises(ConfigError):  # the other sections still refuse unknown keys
         load_config("configs/darp_omniglot.yaml", ["optim.lr_scal.locator=3"])
+
+
+def test_a_methods_own_scales_apply_under_optim_lr_scale():
+    """AttentionMethod.lr_scales (e.g. dcpg's model.policy_lr_scale) steps its modules at their rate; a prefix
+    that optim.lr_scale also names takes optim's factor."""
+    net = _net()
+    opt = make_optimizer(
+        net.named_parameters(), OptimConfig(name="sgd", lr=0.1, momentum=0.0), {"locator": 10, "core": 3}
+    )
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    opt.step()
+    moved = {n: float((before[n] - p.detach()).abs().max()) for n, p in net.named_parameters()}
+    assert moved["locator.weight"] == pytest.approx(1.0) and moved["core.weight"] == pytest.approx(0.3)
+    assert moved["locators.weight"] == pytest.approx(0.1)
+    cfg = OptimConfig(name="sgd", lr=0.1, momentum=0.0, lr_scale={"core": 2})
+    rates = {len(g["params"]): g["lr"] for g in make_optimizer(net.named_parameters(), cfg, {"core": 3}).param_groups}
+    assert sorted(rates.values()) == pytest.approx([0.1, 0.2])  # optim.lr_scale's 2 replaces the method's 3
+
+
+def test_dcpg_policy_lr_scale_is_optim_lr_scale_of_its_policies():
+    from rlattention.engine.method import DataInfo
+    from rlattention.methods.dcpg import DCPG, DCPGConfig
+
+    info = DataInfo((1, 4, 12), 6, {"vocab_size": 20})
+    cfg = {"embed_dim": 16, "word_dim": 8, "num_bins": 10, "gcn_layers": 1}
+    model = DCPG(DCPGConfig(**cfg, policy_lr_scale=10.0), info)
+    assert model.lr_scales() == {"image_policy": 10.0, "text_policy": 10.0}
+    groups = make_optimizer(model.named_parameters(), OptimConfig(lr=1e-3), model.lr_scales()).param_groups
+    same = make_optimizer(
+        model.named_parameters(), OptimConfig(lr=1e-3, lr_scale={"image_policy": 10, "text_policy": 10})
+    ).param_groups
+    assert [(g["lr"], [id(p) for p in g["params"]]) for g in groups] == [
+        (g["lr"], [id(p) for p in g["params"]]) for g in same
+    ]
+    policy = {id(p) for p in [*model.image_policy.parameters(), *model.text_policy.parameters()]}
+    assert {id(p) for p in groups[1]["params"]} == policy and groups[1]["lr"] == pytest.approx(1e-2)
+    assert DCPG(DCPGConfig(**cfg, pg="none", policy_lr_scale=10.0), info).lr_scales() == {}  # no policy to scale
+    with pytest.raises(ValueError, match="model.policy_lr_scale must be > 0"):
+        DCPG(DCPGConfig(**cfg, policy_lr_scale=0.0), info)
