@@ -41,13 +41,16 @@ def study():
 def test_rows_are_the_issues_with_their_configs_and_one_budget(study):
     from rlattention.engine.config import load_config
 
-    rows = study.rows()
-    assert [r.name for r in rows] == ISSUE_ROWS and all(r.issue_row for r in rows)
+    every = study.rows()
+    rows = [r for r in every if r.issue_row]
+    assert sorted(r.name for r in rows) == sorted(ISSUE_ROWS)
     assert {r.name: r.config for r in rows}["full"] == "configs/dcpg_digit_scenes.yaml"
     assert {r.name: r.config for r in rows}["noise_matched"] == "configs/dcpg_digit_scenes_noise_matched.yaml"
+    variants = {r.name: r for r in every if not r.issue_row}
     models = {}
-    for r in rows:
-        assert r.overrides == study.BUDGET  # the same budget in every row
+    for r in every:
+        assert r.overrides[: len(study.BUDGET)] == study.BUDGET  # the same budget in every row
+        assert r.issue_row or r.overrides != study.BUDGET  # a variant is its config plus something
         cfg = load_config(ROOT / r.config, r.overrides)  # the config exists and the overrides fit its schema
         assert cfg.method == "dcpg" and cfg.data.name == "digit_scenes"
         budget = dict(o.split("=") for o in study.BUDGET)
@@ -55,12 +58,19 @@ def test_rows_are_the_issues_with_their_configs_and_one_budget(study):
         assert cfg.data.num_train == int(budget["data.num_train"])
         assert cfg.optim.step_epochs == int(budget["optim.step_epochs"]) < cfg.trainer.epochs
         models[r.name] = cfg.model
+        for name in r.candidates:  # a row chosen on validation among variants that exist
+            assert name in variants and r.select_key == "best_val_rsum"
     full = models["full"]
     assert models["baseline"].pg == "none" and models["noise_matched"].noise_matched and not full.noise_matched
     assert (full.pg, full.heads, full.reward, full.lam) == ("discrete_continuous", 2, "r1+ap", 20.0)
     assert (models["lambda10"].lam, models["lambda30"].lam, models["single_head"].heads) == (10.0, 30.0, 1)
     assert (models["reward_r1"].reward, models["reward_ap"].reward) == ("r1", "ap")
     assert models["pg_baseline"].pg_baseline and models["continuous_multihead"].heads == 2
+    # the config carries the candidate chosen on validation (full_att05_sc_lr10), so that every ablation row is it
+    # plus one switch; the control has its initial policy
+    assert vars(models["full_att05_sc_lr10"]) == vars(full)
+    assert vars(models["noise_matched_att05"]) == vars(models["noise_matched"])
+    assert models["full_uniform"].init_att_std is None and not models["full_att05"].self_critical
 
 
 def test_metrics_are_the_report_percentages_and_reach_the_summary(study, tmp_path):
