@@ -130,9 +130,7 @@ def test_self_critical_baseline_of_a_query_ignores_its_own_actions(monkeypatch):
     torch.manual_seed(5)
     model(IMAGES, TARGETS)
     draw = model.image_policy.sample_bins
-    monkeypatch.setattr(
-        model.image_policy, "sample_bins", lambda a_g, generator=None: (draw(a_g, generator) + 5) % 10
-    )
+    monkeypatch.setattr(model.image_policy, "sample_bins", lambda a_g, generator=None: (draw(a_g, generator) + 5) % 10)
     torch.manual_seed(5)
     model(IMAGES, TARGETS)
     # per forward: sampled image, sampled text, then the mean actions of each (the baselines)
