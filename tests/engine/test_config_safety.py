@@ -18,13 +18,9 @@ from hypothesis import strategies as st
 
 from rlattention.data.config import DataConfig
 from rlattention.engine.config import (
-    MODEL_CHECKED_BY_METHOD,
-    MODEL_RANGES,
-    RANGES,
     ConfigError,
     EvalConfig,
     OptimConfig,
-    Range,
     TrainerConfig,
     build_config,
     check_ranges,
@@ -33,6 +29,7 @@ from rlattention.engine.config import (
     parse_overrides,
     to_dict,
 )
+from rlattention.engine.ranges import MODEL_CHECKED_BY_METHOD, MODEL_RANGES, RANGES, Range
 from rlattention.engine.registry import available_methods, get_method
 
 REPO = Path(__file__).resolve().parents[2]
