@@ -349,7 +349,7 @@ class DCPG(AttentionMethod):
                 greedy = self._greedy_rewards(v, w, mask, img, txt, same)
             pg_rows = () if cfg.noise_matched else (("image", img_pg, r_img), ("text", txt_pg, r_txt))
             for name, out, r in pg_rows:  # the noise-matched control has no policy-gradient term (reward logged)
-                b = leave_one_out_baseline(r, cfg.baseline_beta) if cfg.pg_baseline else greedy.get(name)  # eq. 10
+                b = leave_one_out_baseline(r, cfg.baseline_beta) if cfg.pg_baseline else greedy.get(name)  # eq. 10 | SC
                 l_d, l_c = dcpg_losses(out, r, b)
                 if cfg.pg in ("discrete", "discrete_continuous"):
                     terms[f"pg_d_{name}"] = cfg.pg_weight * l_d
