@@ -279,6 +279,51 @@ def baseline_budget_md(doc: dict) -> str:
     return budget_check(curves)
 
 
+#: Table 4's orderings (Flickr30k, rsum of the six recalls in the paper): (higher row, lower row, paper's rsums).
+#: The paper's "Our scheme" has one head and "+multi-head" two; our ``full`` has two, ``single_head`` one.
+TABLE4_ORDERINGS: tuple[tuple[str, str, str], ...] = (
+    ("full", "baseline", "515.3 > 470.9"),
+    ("discrete", "baseline", "501.7 > 470.9"),
+    ("continuous", "baseline", "478.7 > 470.9"),
+    ("full", "discrete", "515.3 > 501.7"),
+    ("full", "continuous_multihead", "515.3 > 487.0"),
+    ("continuous_multihead", "continuous", "487.0 > 478.7"),
+    ("discrete", "continuous", "501.7 > 478.7"),
+    ("full", "reward_ap", "512.1 > 510.8 (R@1 + AP > AP)"),
+    ("reward_ap", "reward_r1", "510.8 > 500.1"),
+    ("full", "lambda10", "512.1 > 503.6"),
+    ("full", "lambda30", "512.1 > 501.2"),
+    ("pg_baseline", "full", "512.5 > 512.1 (slightly)"),
+    ("full", "single_head", "515.3 > 512.1"),
+)
+
+
+def ordering_md(doc: dict, key: str = "rsum") -> str:
+    """Markdown: each ordering of :data:`TABLE4_ORDERINGS` on the study's test ``key`` (mean over seeds): holds,
+    reversed, or no difference (the gap within the larger of the two rows' seed standard deviations); rows with
+    fewer than 2 seeds get the gap only."""
+    rows = {r["name"]: r["metrics"][key] for r in doc["rows"] if key in r.get("metrics", {})}
+    lines = ["Table 4's orderings (paper: Flickr30k rsum) on this study's test rsum:", ""]
+    for high, low, paper in TABLE4_ORDERINGS:
+        if high not in rows or low not in rows:
+            lines.append(f"- {high} > {low} ({paper}): not run yet")
+            continue
+        a, b = rows[high], rows[low]
+        gap = statistics.mean(a) - statistics.mean(b)
+        if min(len(a), len(b)) < 2:
+            verdict = f"gap {gap:+.2f} (seeds {len(a)} and {len(b)}: no spread yet)"
+        else:
+            spread = max(statistics.stdev(a), statistics.stdev(b))
+            what = "no difference" if abs(gap) <= spread else "holds" if gap > 0 else "reversed"
+            verdict = f"{what}: gap {gap:+.2f}, larger seed sd {spread:.2f}"
+        lines.append(f"- {high} > {low} ({paper}): {verdict}")
+    return "\n".join(lines)
+
+
+def extra_md(doc: dict) -> str:
+    return baseline_budget_md(doc) + "\n\n" + ordering_md(doc)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["check-budget"]:
         runs = sys.argv[2:] or sys.exit("usage: python benchmarks/dcpg_study.py check-budget RUN_DIR ...")
@@ -291,7 +336,7 @@ if __name__ == "__main__":
             metrics,
             DESCRIPTION,
             sys.argv[1:],
-            extra_md=baseline_budget_md,
+            extra_md=extra_md,
             script="python benchmarks/dcpg_study.py",
             primary="rsum",
         )

@@ -107,3 +107,22 @@ def test_budget_check_reads_the_baseline_curves_of_the_summary(study, tmp_path):
     assert "seed 0: 290.0, 400.0, 400.5, 400.8" in md and "0.80 (< 1: met" in md  # 400.8 - 400.0 over 2 epochs
     assert "NOT met" in study.budget_check({"a": [290.0, 300.0, 310.0]})
     assert "Too few epochs" in study.budget_check({"a": [290.0, 300.0]})
+
+
+def test_table4_orderings_say_holds_reversed_or_no_difference(study):
+    doc = {
+        "rows": [
+            {"name": "full", "metrics": {"rsum": [400.0, 402.0, 404.0]}},  # sd 2
+            {"name": "baseline", "metrics": {"rsum": [391.0, 392.0, 393.0]}},  # 10 below: holds
+            {"name": "discrete", "metrics": {"rsum": [401.0, 403.0, 405.0]}},  # +1 over full, within sd 2
+            {"name": "single_head", "metrics": {"rsum": [420.0, 421.0, 422.0]}},  # 19 above full: reversed
+            {"name": "continuous", "metrics": {"rsum": [399.0]}},  # one seed
+        ]
+    }
+    lines = {line.split(" (")[0]: line for line in study.ordering_md(doc).splitlines() if line.startswith("- ")}
+    assert "holds: gap +10.00" in lines["- full > baseline"]
+    assert "no difference: gap -1.00, larger seed sd 2.00" in lines["- full > discrete"]
+    assert "reversed: gap -19.00" in lines["- full > single_head"]
+    assert "no spread yet" in lines["- continuous > baseline"]
+    assert lines["- full > lambda10"].endswith("not run yet")
+    assert len(lines) == len(study.TABLE4_ORDERINGS)
