@@ -118,14 +118,21 @@ def test_single_and_empty_sets() -> None:
 
 def test_vectorised_speed() -> None:
     """One call for 2,000 canvases is at least 5 times faster per canvas than one call per canvas (a ratio measured
-    in the same run, so a loaded machine does not fail it; measured about 30x on one thread)."""
+    in the same run, each side the best of 3, so a loaded machine does not fail it; measured about 30x on one
+    thread, 3.8x once as single timings beside two trainings and a test run)."""
     images, labels = fake_digits(2000)
-    start = time.perf_counter()
-    out, _ = make_cluttered(images, labels, **PRESETS["100x100"])
-    batched = time.perf_counter() - start
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out, _ = make_cluttered(images, labels, **PRESETS["100x100"])
+        times.append(time.perf_counter() - start)
+    batched = min(times)
     assert out.shape == (2000, 1, 100, 100)
-    start = time.perf_counter()
-    for i in range(200):
-        make_cluttered(images[i : i + 1], labels[i : i + 1], **PRESETS["100x100"])
-    one_by_one = (time.perf_counter() - start) * 10  # extrapolated to the 2,000 canvases
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for i in range(200):
+            make_cluttered(images[i : i + 1], labels[i : i + 1], **PRESETS["100x100"])
+        times.append(time.perf_counter() - start)
+    one_by_one = min(times) * 10  # extrapolated to the 2,000 canvases
     assert one_by_one / batched > 5.0, f"batched {batched:.2f} s vs one call per canvas {one_by_one:.2f} s"
