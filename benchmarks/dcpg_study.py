@@ -71,14 +71,13 @@ Metrics (percent, 0-100; the test split, evaluated once on the checkpoint of the
 
 from __future__ import annotations
 
-import csv
-import shlex
 import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from study import ROOT, Row, main
+from study import Row, main, run_dir_of
+from study import validation_curve as study_validation_curve
 
 STUDY = "dcpg_digit_scenes"
 
@@ -218,24 +217,8 @@ DESCRIPTION = (
 
 
 def validation_curve(run_dir: str | Path, key: str = "val/rsum") -> list[float]:
-    """``key`` after each validation of a run (one per epoch, in step order; the last value of a step counts),
-    from ``logs/metrics.csv`` or, while the run trains, its TensorBoard events; empty when there is none."""
-    run_dir = Path(run_dir)
-    by_step: dict[int, float] = {}
-    path = run_dir / "logs" / "metrics.csv"
-    if path.is_file():
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if (row.get(key) or "").strip() and (row.get("step") or "").strip():
-                    by_step[int(float(row["step"]))] = float(row[key])
-    if not by_step and (run_dir / "tb").is_dir():
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-        events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-        events.Reload()
-        if key in events.Tags().get("scalars", []):
-            by_step = {int(e.step): float(e.value) for e in events.Scalars(key)}
-    return [by_step[s] for s in sorted(by_step)]
+    """:func:`study.validation_curve` of a dcpg run (validation rsum by default)."""
+    return study_validation_curve(run_dir, key)
 
 
 def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_gain: float = MIN_GAIN) -> str:
@@ -260,20 +243,13 @@ def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_g
     return "\n".join(lines)
 
 
-def _run_dir(command: str) -> Path:
-    """The run folder of a recorded ``rlattention fit`` command (its trainer.out_dir / trainer.run_name)."""
-    opts = dict(part.split("=", 1) for part in shlex.split(command) if part.startswith("trainer.") and "=" in part)
-    out = Path(opts["trainer.out_dir"])
-    return (out if out.is_absolute() else ROOT / out) / opts["trainer.run_name"]
-
-
 def baseline_budget_md(doc: dict) -> str:
     """:func:`budget_check` of the ``baseline`` runs of a summary (their run folders from the recorded commands)."""
     curves = {}
     for row in doc["rows"]:
         if row["name"] == "baseline":
             for seed, command in zip(row["seeds"], row["commands"], strict=True):
-                curve = validation_curve(_run_dir(command))
+                curve = validation_curve(run_dir_of(command))
                 if curve:
                     curves[f"seed {seed}"] = curve
     return budget_check(curves)

@@ -88,6 +88,36 @@ def in_percent(report: dict, fraction_keys: Sequence[str]) -> dict:
     return out
 
 
+def validation_curve(run_dir: str | Path, key: str) -> list[float]:
+    """``key`` after each validation of a run (one per epoch, in step order; the last value of a step counts),
+    from ``logs/metrics.csv`` or, while the run trains, its TensorBoard events; empty when there is none."""
+    import csv
+
+    run_dir = Path(run_dir)
+    by_step: dict[int, float] = {}
+    path = run_dir / "logs" / "metrics.csv"
+    if path.is_file():
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if (row.get(key) or "").strip() and (row.get("step") or "").strip():
+                    by_step[int(float(row["step"]))] = float(row[key])
+    if not by_step and (run_dir / "tb").is_dir():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+        events.Reload()
+        if key in events.Tags().get("scalars", []):
+            by_step = {int(e.step): float(e.value) for e in events.Scalars(key)}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def run_dir_of(command: str) -> Path:
+    """The run folder of a recorded ``rlattention fit`` command (its trainer.out_dir / trainer.run_name)."""
+    opts = dict(part.split("=", 1) for part in shlex.split(command) if part.startswith("trainer.") and "=" in part)
+    out = Path(opts["trainer.out_dir"])
+    return (out if out.is_absolute() else ROOT / out) / opts["trainer.run_name"]
+
+
 def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
     """``rlattention fit`` of one row and seed in ``work/<row>_s<seed>``; returns its record."""
     run_name = f"{row.name}_s{seed}"

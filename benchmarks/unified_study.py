@@ -91,9 +91,7 @@ needs more than the issue's two hours (or two threads on an idle machine, not me
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import shlex
 import shutil
 import statistics
 import sys
@@ -101,7 +99,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from study import ROOT, Row, main
+from study import ROOT, Row, main, run_dir_of
+from study import validation_curve as study_validation_curve
 
 #: the epoch cap of every row (see the module docstring for the measurement behind it)
 CAPS = {
@@ -223,14 +222,8 @@ def metrics(report: dict) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------------- the budget
 def validation_curve(run_dir: str | Path, key: str = "val/accuracy") -> list[float]:
-    """``key`` after each validation of a run (one per epoch, in step order) from its ``logs/metrics.csv``."""
-    path, by_step = Path(run_dir) / "logs" / "metrics.csv", {}
-    if path.is_file():
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if (row.get(key) or "").strip() and (row.get("step") or "").strip():
-                    by_step[int(float(row["step"]))] = float(row[key])
-    return [by_step[s] for s in sorted(by_step)]
+    """:func:`study.validation_curve` of a unified run (validation accuracy by default)."""
+    return study_validation_curve(run_dir, key)
 
 
 def stop_epoch(curve: Sequence[float], window: int = WINDOW, min_gain: float = MIN_GAIN) -> int | None:
@@ -273,19 +266,12 @@ def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_g
     return "\n".join(lines)
 
 
-def _run_dir(command: str) -> Path:
-    """The run folder of a recorded ``rlattention fit`` command (its trainer.out_dir / trainer.run_name)."""
-    opts = dict(part.split("=", 1) for part in shlex.split(command) if part.startswith("trainer.") and "=" in part)
-    out = Path(opts["trainer.out_dir"])
-    return (out if out.is_absolute() else ROOT / out) / opts["trainer.run_name"]
-
-
 def budget_md(doc: dict) -> str:
     """:func:`budget_check` of every run of a summary (their run folders from the recorded commands)."""
     curves = {}
     for row in doc["rows"]:
         for seed, command in zip(row["seeds"], row["commands"], strict=True):
-            curve = validation_curve(_run_dir(command))
+            curve = validation_curve(run_dir_of(command))
             if curve:
                 curves[f"{row.get('selected_from', row['name'])} seed {seed}"] = curve
     return budget_check(curves)
@@ -299,7 +285,7 @@ def _seed0_figures(row: dict) -> dict[str, Path]:
     """``{kind: path}`` of the first glimpse and Q-value figures that ``rlattention fit`` drew for a row's seed 0."""
     if 0 not in row["seeds"]:
         return {}
-    folder = _run_dir(row["commands"][row["seeds"].index(0)]) / "figures"
+    folder = run_dir_of(row["commands"][row["seeds"].index(0)]) / "figures"
     found = {kind: folder / f"{kind}_000.png" for kind in ("glimpses", "qvalues")}
     return {kind: path for kind, path in found.items() if path.is_file()}
 
@@ -343,7 +329,7 @@ def draw_figures(doc: dict, out: Path, targets: Sequence[tuple[str, float]]) -> 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in doc["rows"]:
         for seed, command in zip(r["seeds"], r["commands"], strict=True):
-            curve = validation_curve(_run_dir(command))
+            curve = validation_curve(run_dir_of(command))
             if curve and r["issue_row"]:
                 ax.plot(range(1, len(curve) + 1), curve, label=f"{r.get('selected_from', r['name'])} s{seed}")
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title=doc["study"])

@@ -1,0 +1,72 @@
+"""benchmarks/unified_study.py: the issue's rows of each study as configs that load with their caps, the metric from
+a report.json, and the stopping criterion the summaries check (no training)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ISSUE_ROWS = {
+    "unified_cluttered100": ["cnn", "ram", "topdown", "entropy", "entropy_context"],
+    "unified_cluttered60": ["cnn", "ram", "topdown", "entropy", "entropy_context"],
+    "unified_mnist": ["ram", "entropy", "entropy_context"],
+    "unified_beta2": ["beta2_0", "beta2_001", "beta2_01"],
+}
+
+
+@pytest.fixture(scope="module")
+def study():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # unified_study imports its sibling study.py
+    try:
+        import unified_study
+
+        yield unified_study
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_ROWS))
+def test_rows_are_the_issues_with_configs_that_load(study, name):
+    from rlattention.engine.config import load_config
+
+    spec = study.STUDIES[name]
+    rows = {r.name: r for r in spec.rows}
+    assert [r.name for r in spec.rows if r.issue_row] == ISSUE_ROWS[name]
+    assert spec.seeds == ((0,) if name == "unified_cluttered100" else (0, 1, 2))
+    for row in spec.rows:
+        for candidate in row.candidates:  # a row chosen on validation among variants that exist
+            assert candidate in rows and not rows[candidate].issue_row
+        if row.candidates:
+            continue
+        cfg = load_config(ROOT / row.config, row.overrides)
+        assert cfg.method in ("unified", "cnn")
+        epochs = [o for o in row.overrides if o.startswith("trainer.epochs=")]
+        assert len(epochs) == 1 and cfg.trainer.epochs == int(epochs[0].split("=")[1])
+        if name == "unified_beta2":
+            unrouted = row.name.endswith("unrouted")
+            assert cfg.model.policy_grad_to_core is not unrouted
+    if name == "unified_beta2":
+        weights = {n: load_config(ROOT / rows[n].config, rows[n].overrides).model.reinforce_weight for n in rows}
+        assert (weights["beta2_0"], weights["beta2_001"], weights["beta2_01"]) == (0.0, 0.01, 0.1)
+
+
+def test_metric_is_the_test_error_in_percent(study):
+    report = {"test": {"accuracy": 87.5, "error": 12.5}, "best_val_accuracy": 90.0}
+    assert study.metrics(report) == {"test_error": 12.5, "val_error": 10.0}
+    with pytest.raises(ValueError, match="do not add to 100"):
+        study.metrics({"test": {"accuracy": 0.875, "error": 0.125}, "best_val_accuracy": 0.9})  # fractions
+
+
+def test_stopping_criterion_and_the_epoch_early_stopping_would_have_ended(study):
+    flat = [50.0 + i for i in range(5)] + [54.05] * 12  # no gain of 0.2 after epoch 5
+    rising = [50.0 + i for i in range(20)]
+    assert study.stop_epoch(flat, window=10, min_gain=0.2) == 15
+    assert study.stop_epoch(rising, window=10, min_gain=0.2) is None
+    text = study.budget_check({"flat": flat, "rising": rising, "short": [1.0, 2.0]}, window=10, min_gain=0.2)
+    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
+    assert "met: stopped improving" in lines["- flat"] and "after epoch 15" in lines["- flat"]
+    assert "NOT met" in lines["- rising"] and "would not have" in lines["- rising"]
+    assert "too few to check" in lines["- short"]
