@@ -162,6 +162,19 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         ),
         "full_att05_sc with the policies' learning rate x 10",
     ),
+    (
+        "continuous_lr1",
+        "_continuous",
+        ("model.policy_lr_scale=1",),
+        "continuous at the policies' base learning rate (the chosen 10x was tuned for the bounded bins; the "
+        "single Gaussian's mean is an unbounded linear head): does the row's collapse come from the 10x?",
+    ),
+    (
+        "continuous_multihead_lr1",
+        "_continuous_multihead",
+        ("model.policy_lr_scale=1",),
+        "continuous_multihead at the policies' base learning rate (as continuous_lr1)",
+    ),
 )
 
 
