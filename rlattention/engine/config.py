@@ -67,6 +67,14 @@ class TrainerConfig:
     overwrite: bool = False  # a used out_dir/run_name is renamed aside (never deleted); default: run_name-v2, -v3...
     log_every: int = 50  # steps between logged scalars
     val_every: int = 1  # epochs between validations
+    # early stopping on the validation selection metric (rlattention/engine/stopping.py): with patience N > 0,
+    # training ends after N validations in a row (counted in validations, i.e. every val_every epochs, not in
+    # epochs) without an improvement of at least early_stop_min_delta (>= 0, in the metric's own units, e.g. 0.1 =
+    # 0.1 percentage point; 0: any strict improvement) over the last value that improved by that much; best.ckpt is
+    # then tested as usual. 0: off. The schedule keeps its horizon (trainer.epochs / max_steps): with a decaying
+    # learning rate (cosine, step) an early stop cuts the schedule short, before the lr has decayed
+    early_stop_patience: int = 0
+    early_stop_min_delta: float = 0.0
     checkpoint_every: int = 0  # also save `last` every this many steps (0: at epoch ends only)
     progress: bool = True
     wandb: str = ""  # a W&B project: also log there (offline unless $WANDB_MODE; pip install "rlattention[wandb]")

@@ -12,6 +12,7 @@ and report). Its neighbours: :mod:`~rlattention.engine.evaluate` (metrics of a m
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 
 from rlattention.data.base import DataSplits
 from rlattention.data.registry import build_dataset, resolve_data_dir
+from rlattention.engine import stopping
 from rlattention.engine.checkpoint import AtomicCheckpointIO, check_resumable, load_checkpoint_file, load_model_state
 from rlattention.engine.config import ExperimentConfig, to_dict
 from rlattention.engine.distributed import (  # noqa: F401  (re-exported: the names importers used before)
@@ -60,13 +62,7 @@ from rlattention.engine.rundir import (
     resolve_resume,
     write_text_nofollow,
 )
-from rlattention.engine.signals import (  # noqa: F401  (STOP_SIGNALS, TrainingInterrupted: re-exported)
-    STOP_SIGNALS,
-    TrainingInterrupted,
-    _agreed_signal,
-    _interrupted,
-    _StopSignals,
-)
+from rlattention.engine.signals import STOP_SIGNALS, TrainingInterrupted, _agreed_signal, _interrupted, _StopSignals  # noqa: F401  (STOP_SIGNALS, TrainingInterrupted: re-exported)
 from rlattention.metrics import METRIC_UNITS
 from rlattention.progress import progress_bars
 
@@ -83,6 +79,9 @@ class Progress:
     best_value: float | None = None
     best_epoch: int = -1
     best_step: int = 0
+    stop_value: float | None = None  # early stopping (engine/stopping.py): the last value that counted as improving,
+    stop_epoch: int = -1  # its epoch,
+    stale_validations: int = 0  # and the validations since then that did not count
     total_steps: int = 0  # optimiser steps the run is planned for (the schedules' horizon)
     wall_time: float = 0.0  # seconds of training so far, across resumes
 
@@ -108,10 +107,8 @@ def _check_writable(run_dir: Path) -> None:
     except OSError as e:
         raise OSError(f"run folder {run_dir} is not writable ({e.strerror or e}); set trainer.out_dir") from None
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink(missing_ok=True)  # also after a partial write (full disk)
-        except OSError:
-            pass
 
 
 def build_model(cfg: ExperimentConfig, splits: Any, state: dict | None = None) -> AttentionMethod:
@@ -290,7 +287,7 @@ class Trainer:
     def fit(self, resume_path: Path | None, splits: DataSplits | None, data_dir: str | None) -> dict[str, Any]:
         """Set up, train epoch by epoch (validating, selecting, saving), then test the selected model and report."""
         self.setup(resume_path, splits, data_dir)
-        self.done = self.progress.step >= self.total_steps
+        self.done = self.progress.step >= self.total_steps or stopping.stopped_early(self.progress, self.tc)
         self.t_start = time.perf_counter() - self.progress.wall_time
         self.stop.install()  # SIGTERM, SIGHUP, SIGINT: recorded, acted on at the next step boundary
         while not self.done and self.progress.epoch < self.max_epochs:
@@ -496,7 +493,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- selection, saving
     def validate(self) -> dict[str, float]:
-        """The validation metrics, logged; a better selection metric than before saves ``best``."""
+        """The validation metrics, logged; a better selection metric saves ``best``; an early stop ends training."""
         p, fabric, tc = self.progress, self.fabric, self.tc
         metrics = evaluate(fabric, self.model, self.splits.val, tc.eval_batch_size, 0, self.cfg.eval.seed, tc.progress)
         fabric.log_dict({f"val/{k}": v for k, v in metrics.items()}, step=p.step)
@@ -505,11 +502,15 @@ class Trainer:
         if p.best_value is None or better(value, p.best_value):
             p.best_value, p.best_epoch, p.best_step = value, p.epoch, p.step
             self.save("best")
+        stop = stopping.update(p, value, self.mode, tc)  # the same on every rank: every rank has the same metrics
+        self.done = self.done or stop
         if fabric.global_rank == 0:
             fabric.print(
                 f"epoch {p.epoch}: val {self.metric_name} {value:.2f} (best {p.best_value:.2f} "
                 f"at epoch {p.best_epoch}), {p.wall_time:.0f}s"
             )
+            if stop:
+                fabric.print(stopping.describe(p, tc, self.metric_name))
         return metrics
 
     def save(self, name: str) -> None:
@@ -563,6 +564,7 @@ class Trainer:
             "params_in_sync": in_sync,
             "best_epoch": p.best_epoch,
             f"best_val_{self.metric_name}": p.best_value,
+            **stopping.summary(p, self.tc),  # early_stopped, early_stop_epoch
             cfg.eval.split: test_metrics,
         }
         if fabric.global_rank == 0:
