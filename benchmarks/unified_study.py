@@ -44,12 +44,15 @@ pass (``eval.mc_samples = 0``; with top-down the pyramid is descended greedily a
 centre; without it L_0 is drawn uniformly from the evaluation seed). Also ``val_error``, 100 - the best validation
 accuracy.
 
-"Run until validation stops improving": the trainer has no early stopping, so every row trains to an epoch cap
-(:data:`CAPS`) and the best validation checkpoint is tested; the summary checks, for every run, whether validation
-had stopped improving by the cap (:func:`budget_check`: the best validation accuracy of the last :data:`WINDOW`
-epochs is less than :data:`MIN_GAIN` points above the best before them, Keras' EarlyStopping(min_delta=MIN_GAIN,
-patience=WINDOW) at the cap; it also names the epoch at which that rule would have stopped the run, if any). A run
-that fails the criterion says so in the summary: its row was still improving at the cap.
+"Run until validation stops improving": every row with a constant learning rate (all but the MNIST
+``*_lr1e3_cosine`` candidates, whose cosine decay needs its whole horizon) trains with the trainer's early stopping
+(``trainer.early_stop_patience`` = :data:`WINDOW` validations, one an epoch, ``trainer.early_stop_min_delta`` =
+:data:`MIN_GAIN` points of validation accuracy; rlattention/engine/stopping.py), up to an epoch cap
+(:data:`CAPS`), and the best validation checkpoint is tested. The summary checks, for every run, whether validation
+had stopped improving (:func:`budget_check`: the best validation accuracy of the last :data:`WINDOW` epochs is less
+than :data:`MIN_GAIN` points above the best before them, Keras' EarlyStopping(min_delta=MIN_GAIN, patience=WINDOW);
+it also names the epoch at which that rule ended the run, the trainer's own rule, tested to agree). A run that
+reached its cap without meeting the criterion says so in the summary: its row was still improving at the cap.
 
 Cost of a row, measured (05:30-05:51, :data:`CAPS` set from it): two epochs on the first 27,008 training images
 (= the 422 steps of one full epoch) and one validation pass on the 6,000 validation images, then the test; the
@@ -130,8 +133,12 @@ class Study:
     targets: tuple[tuple[str, float], ...] = ()  # (row, the issue's target test error) drawn on the bar chart
 
 
-def _epochs(study: str, row: str) -> list[str]:
-    return [f"trainer.epochs={CAPS[study][row]}"]
+def _epochs(study: str, row: str, early_stop: bool = True) -> list[str]:
+    """The row's budget: its epoch cap and, unless its learning rate decays (a cosine schedule needs its whole
+    horizon), the trainer's early stopping with the criterion of :func:`stop_epoch` (patience WINDOW validations,
+    min_delta MIN_GAIN points)."""
+    stop = [f"trainer.early_stop_patience={WINDOW}", f"trainer.early_stop_min_delta={MIN_GAIN}"] if early_stop else []
+    return [f"trainer.epochs={CAPS[study][row]}", *stop]
 
 
 def cluttered_rows(side: int) -> tuple[Row, ...]:
@@ -154,6 +161,7 @@ def mnist_rows() -> tuple[Row, ...]:
     rows: list[Row] = []
     for name, config in MNIST_CONFIGS.items():
         path, epochs = f"configs/{config}.yaml", _epochs("unified_mnist", name)
+        horizon = _epochs("unified_mnist", name, early_stop=False)
         paper, cosine = f"{name}_paper", f"{name}_lr1e3_cosine"
         rows.append(
             Row(
@@ -165,7 +173,7 @@ def mnist_rows() -> tuple[Row, ...]:
             )
         )
         rows.append(Row(paper, path, epochs, "the paper's constant lr 3e-4", issue_row=False))
-        cos = [*epochs, "optim.lr=0.001", "optim.schedule=cosine"]
+        cos = [*horizon, "optim.lr=0.001", "optim.schedule=cosine"]
         rows.append(Row(cosine, path, cos, "lr 1e-3, cosine decay to 0", issue_row=False))
     return tuple(rows)
 

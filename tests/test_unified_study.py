@@ -45,6 +45,10 @@ def test_rows_are_the_issues_with_configs_that_load(study, name):
         assert cfg.method in ("unified", "cnn")
         epochs = [o for o in row.overrides if o.startswith("trainer.epochs=")]
         assert len(epochs) == 1 and cfg.trainer.epochs == int(epochs[0].split("=")[1])
+        # the trainer stops by the summary's criterion, except where the lr decays over the whole cap
+        decays = cfg.optim.schedule != "none"
+        assert cfg.trainer.early_stop_patience == (0 if decays else study.WINDOW), row.name
+        assert cfg.trainer.early_stop_min_delta == (0.0 if decays else study.MIN_GAIN), row.name
         if name == "unified_beta2":
             unrouted = row.name.endswith("unrouted")
             assert cfg.model.policy_grad_to_core is not unrouted
@@ -70,3 +74,27 @@ def test_stopping_criterion_and_the_epoch_early_stopping_would_have_ended(study)
     assert "met: stopped improving" in lines["- flat"] and "after epoch 15" in lines["- flat"]
     assert "NOT met" in lines["- rising"] and "would not have" in lines["- rising"]
     assert "too few to check" in lines["- short"]
+
+
+def test_the_trainers_early_stop_ends_where_the_summary_says(study):
+    """The rule the runs stop by (rlattention.engine.stopping, one validation an epoch) and the one the summary
+    checks (stop_epoch) name the same epoch."""
+    from rlattention.engine import stopping
+    from rlattention.engine.config import TrainerConfig
+    from rlattention.engine.trainer import Progress
+
+    cfg = TrainerConfig(early_stop_patience=study.WINDOW, early_stop_min_delta=study.MIN_GAIN)
+    curves = {
+        "flat": [50.0 + i for i in range(5)] + [54.05] * 12,
+        "creeping": [50.0 + 0.15 * i for i in range(30)],  # gains below min_delta: the reference stays put
+        "late": [50.0] * 9 + [50.3] + [50.1] * 20,
+        "rising": [50.0 + i for i in range(20)],
+    }
+    for name, curve in curves.items():
+        p, stopped = Progress(total_steps=10**6), None
+        for epoch, value in enumerate(curve, 1):
+            p.epoch = p.step = epoch
+            if stopping.update(p, value, "max", cfg):
+                stopped = epoch
+                break
+        assert stopped == study.stop_epoch(curve), name

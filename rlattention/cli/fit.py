@@ -46,8 +46,9 @@ def command(args) -> int:
         return 0
     split = cfg.eval.split
     how = f"{cfg.eval.mc_samples} sampled episodes" if cfg.eval.mc_samples else "mean actions"
+    stopped = " (stopped early)" if report.get("early_stopped") else ""
     print(
-        f"\nfinal {split} {format_metrics(report[split])} ({how}) after {report['epochs']} epochs, "
+        f"\nfinal {split} {format_metrics(report[split])} ({how}) after {report['epochs']} epochs{stopped}, "
         f"{report['train_seconds']:.0f}s; best epoch {report['best_epoch']}"
     )
     print(f"run folder: {report['run_dir']}")
