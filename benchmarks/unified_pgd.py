@@ -1,0 +1,200 @@
+"""Issue 22's PGD table on the converged models: the test accuracy of every row of a finished unified study
+(``unified_cluttered60`` by default: cnn, ram, topdown, entropy, entropy_context) under an L-inf PGD attack, per
+seed, at several budgets epsilon, the same attack as docs/unified.md's first table::
+
+    nice -n 10 python benchmarks/unified_pgd.py --data-dir ../shared/data/mnist
+    nice -n 10 python benchmarks/unified_pgd.py --data-dir ../shared/data/mnist --summary-only
+
+Each (row, seed) of the source study's ``runs.jsonl`` is evaluated from its ``best.ckpt`` (the checkpoint chosen on
+validation that the study tested) with ``rlattention eval CKPT --data-dir D --limit N --json --no-save`` (clean) and
+``... --attack pgd --epsilon E --step-size E/4 --steps 10`` for each E: the first N test images (1,000 by default),
+mean locations, one pass; the attack differentiates through the glimpse patches and the mean locations. A
+checkpoint's figures are recorded in ``benchmarks/results/unified_pgd/runs.jsonl`` once all its epsilons are done,
+so the same command continues an interrupted table and picks up rows or seeds the source study adds later.
+
+Study ``unified_pgd``: rows named as the source study's rows; metrics ``accuracy_clean`` and ``accuracy_eps<E>``
+(percent, test images), and ``kept_eps<E>`` (the accuracy under attack as a percentage of the clean accuracy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from study import ROOT, Row, _records, run_dir_of, summarise
+
+EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2)
+STEPS = 10
+STUDY = "unified_pgd"
+
+
+def eval_argv(checkpoint: Path, data_dir: str | None, limit: int, epsilon: float | None) -> list[str]:
+    """``rlattention eval`` of a checkpoint on the first ``limit`` test images; ``epsilon`` None: clean."""
+    argv = ["rlattention", "eval", str(checkpoint), "--limit", str(limit), "--json", "--no-save"]
+    argv += ["--data-dir", data_dir] if data_dir else []
+    if epsilon is not None:
+        argv += ["--attack", "pgd", "--epsilon", f"{epsilon:g}", "--step-size", f"{epsilon / 4:g}"]
+        argv += ["--steps", str(STEPS)]
+    return argv
+
+
+def run_eval(argv: list[str], threads: int) -> dict[str, float]:
+    """The metrics that ``rlattention eval --json`` prints (its last stdout line); raises naming the command."""
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    return json.loads(lines[-1])
+
+
+def metric_name(epsilon: float | None, kind: str = "accuracy") -> str:
+    return f"{kind}_clean" if epsilon is None else f"{kind}_eps{epsilon:g}"
+
+
+def metrics(report: dict) -> dict[str, float]:
+    """The study's metrics of one checkpoint's record: accuracies in percent and the share of the clean accuracy
+    kept under each attack (percent; 0 when the clean accuracy is 0)."""
+    acc = report["accuracy"]
+    out = {metric_name(None): float(acc["clean"])}
+    for eps in report["epsilons"]:
+        out[metric_name(eps)] = float(acc[f"{eps:g}"])
+    for eps in report["epsilons"]:
+        clean = out[metric_name(None)]
+        out[metric_name(eps, "kept")] = 100.0 * out[metric_name(eps)] / clean if clean > 0 else 0.0
+    return out
+
+
+def evaluate_run(source: dict, data_dir: str | None, limit: int, epsilons: Sequence[float], threads: int) -> dict:
+    """One record: the clean and attacked accuracies of a source study record's ``best.ckpt``."""
+    ckpt = run_dir_of(source["command"]) / "checkpoints" / "best.ckpt"
+    if not ckpt.is_file():
+        raise FileNotFoundError(f"{ckpt} (row {source['row']}, seed {source['seed']}) is missing")
+    t0 = time.time()
+    accuracy, commands = {}, []
+    for eps in (None, *epsilons):
+        argv = eval_argv(ckpt, data_dir, limit, eps)
+        m = run_eval(argv, threads)
+        if "accuracy" not in m:
+            raise KeyError(f"{shlex.join(argv)} printed no accuracy: {sorted(m)}")
+        accuracy["clean" if eps is None else f"{eps:g}"] = m["accuracy"]
+        commands.append(shlex.join(argv))
+    return {
+        "row": source["row"],
+        "seed": source["seed"],
+        "config": source["config"],
+        "overrides": [f"--limit {limit}", f"pgd steps {STEPS}, step epsilon/4"],
+        "command": " && ".join(commands),
+        "checkpoint": str(ckpt),
+        "report": {"accuracy": accuracy, "epsilons": list(epsilons), "train_seconds": round(time.time() - t0, 1)},
+    }
+
+
+def table_md(doc: dict) -> str:
+    """Markdown: mean accuracy (percent) per row and epsilon, the seeds' spread, and the share kept."""
+    rows = doc["rows"]
+    if not rows:
+        return ""
+    keys = [k for k in rows[0]["metrics"] if k.startswith("accuracy_")]
+    head = "| row | " + " | ".join(k.removeprefix("accuracy_") for k in keys) + " |"
+    lines = ["Test accuracy (%, mean ± sd over seeds) under L-inf PGD:", "", head, "|---|" + "---|" * len(keys)]
+    for r in rows:
+        cells = []
+        for k in keys:
+            v = r["metrics"][k]
+            sd = f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else ""
+            cells.append(f"{statistics.mean(v):.1f}{sd}")
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def draw(doc: dict, out: Path) -> Path:
+    """``figures/pgd_accuracy.png``: accuracy against epsilon per row (mean, seeds as dots)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in doc["rows"]:
+        eps = [0.0] + [float(k.removeprefix("accuracy_eps")) for k in r["metrics"] if k.startswith("accuracy_eps")]
+        keys = ["accuracy_clean"] + [k for k in r["metrics"] if k.startswith("accuracy_eps")]
+        means = [statistics.mean(r["metrics"][k]) for k in keys]
+        (line,) = ax.plot(eps, means, "o-", label=r["name"])
+        for e, k in zip(eps, keys, strict=True):
+            ax.plot([e] * len(r["metrics"][k]), r["metrics"][k], ".", color=line.get_color(), alpha=0.5)
+    ax.set(xlabel="PGD epsilon (L-inf, pixels in [0, 1])", ylabel="test accuracy (%)", title=doc["study"])
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "figures" / "pgd_accuracy.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir")
+    ap.add_argument(
+        "--source",
+        default="unified_cluttered60",
+        help="the study whose checkpoints are attacked (benchmarks/results/SOURCE), or a folder with its runs.jsonl",
+    )
+    ap.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
+    ap.add_argument("--limit", type=int, default=1000, help="the first N test images")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=f"benchmarks/results/{STUDY}")
+    ap.add_argument("--summary-only", action="store_true")
+    args = ap.parse_args(argv)
+    if any(e <= 0 for e in args.epsilons) or args.limit <= 0:
+        ap.error(f"--epsilons must be > 0 and --limit > 0, got {args.epsilons} and {args.limit}")
+    folder = Path(args.source) if Path(args.source).is_dir() else ROOT / "benchmarks" / "results" / args.source
+    source_log = folder / "runs.jsonl"
+    sources = _records(source_log)
+    if not sources:
+        sys.exit(f"{source_log}: no finished runs of {args.source} to attack (run benchmarks/unified_study.py first)")
+    out = ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.jsonl"
+    if not args.summary_only:
+        done = {(r["row"], r["seed"]) for r in _records(log)}
+        for src in sources:
+            if (src["row"], src["seed"]) in done:
+                continue
+            print(f"[{STUDY}] {src['row']} seed {src['seed']} ...", flush=True)
+            rec = evaluate_run(src, args.data_dir, args.limit, args.epsilons, args.threads)
+            with log.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(f"[{STUDY}] {src['row']} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
+    records = _records(log)
+    names = list(dict.fromkeys(r["row"] for r in sources))
+    rows = [Row(n, next(r["config"] for r in sources if r["row"] == n), note=f"{args.source} row {n}") for n in names]
+    command = f"nice -n 10 python benchmarks/unified_pgd.py --source {args.source}"
+    command += (f" --data-dir {args.data_dir}" if args.data_dir else "") + f" --limit {args.limit} --epsilons "
+    command += " ".join(f"{e:g}" for e in args.epsilons)
+    description = (
+        f"test accuracy under L-inf PGD ({STEPS} steps of epsilon/4, mean locations) of every row and seed of "
+        f"{args.source}, its best.ckpt (chosen on validation), the first {args.limit} test images"
+    )
+    seeds = sorted({r["seed"] for r in sources})
+    doc = summarise(STUDY, rows, records, metrics, description, command, out, primary="accuracy_clean", seeds=seeds)
+    if doc["rows"]:
+        draw(doc, out)
+        extra = table_md(doc) + "\n\n![accuracy against epsilon](figures/pgd_accuracy.png)"
+        summarise(STUDY, rows, records, metrics, description, command, out, extra, "accuracy_clean", seeds)
+    print((out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""benchmarks/unified_pgd.py: a finished study's checkpoints attacked with PGD and tabulated, on a tiny CNN run of the
+embedded digits (no data folder): the attack lowers the accuracy it reports, the record continues instead of
+repeating, and the summary follows the results schema."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [  # a small CNN on the embedded digits: about 60% test accuracy in 15 s, something for PGD to take away
+    "method=cnn",
+    "data.name=digits",
+    "data.num_train=1024",
+    "data.val_size=64",
+    "data.num_test=64",
+    "data.canvas_size=28",
+    "model.channels=[16,32]",
+    "model.hidden=64",
+    "optim.lr=0.003",
+    "trainer.batch_size=64",
+    "trainer.epochs=6",
+    "trainer.progress=false",
+    "trainer.num_threads=1",
+    "eval.viz_images=0",
+]
+
+
+@pytest.fixture(scope="module")
+def pgd():
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # unified_pgd imports its sibling study.py
+    try:
+        import unified_pgd
+
+        yield unified_pgd
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_metrics_are_percent_and_the_share_kept(pgd):
+    report = {"accuracy": {"clean": 80.0, "0.01": 40.0, "0.1": 0.0}, "epsilons": [0.01, 0.1]}
+    assert pgd.metrics(report) == {
+        "accuracy_clean": 80.0,
+        "accuracy_eps0.01": 40.0,
+        "accuracy_eps0.1": 0.0,
+        "kept_eps0.01": 50.0,
+        "kept_eps0.1": 0.0,
+    }
+    argv = pgd.eval_argv(Path("run/best.ckpt"), "data", 1000, 0.02)
+    assert argv[argv.index("--epsilon") + 1] == "0.02" and argv[argv.index("--step-size") + 1] == "0.005"
+    assert "--attack" not in pgd.eval_argv(Path("run/best.ckpt"), None, 1000, None)
+
+
+def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, capsys):
+    from rlattention.engine.config import load_config
+    from rlattention.engine.trainer import fit
+
+    overrides = [*TINY, f"trainer.out_dir={tmp_path}", "trainer.run_name=cnn_s0"]
+    fit(load_config(None, overrides))
+    source = tmp_path / "source"
+    source.mkdir()
+    command = shlex.join(["rlattention", "fit", *overrides])
+    record = {"row": "cnn", "seed": 0, "config": "configs/cnn_cluttered60.yaml", "command": command}
+    (source / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    out = tmp_path / "project" / "benchmarks" / "results" / "unified_pgd"
+    argv = ["--source", str(source), "--out", str(out), "--epsilons", "0.3", "--limit", "64"]
+    assert pgd.main(argv) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    (row,) = doc["rows"]
+    assert row["name"] == "cnn" and row["seeds"] == [0]
+    clean, attacked = row["metrics"]["accuracy_clean"][0], row["metrics"]["accuracy_eps0.3"][0]
+    assert clean > 30.0  # the tiny model has learned something to attack (10 classes: chance is 10%)
+    assert attacked < clean  # a budget of 0.3 of the pixel range takes accuracy away
+    assert (out / "figures" / "pgd_accuracy.png").stat().st_size > 0
+    capsys.readouterr()
+    assert pgd.main(argv) == 0  # recorded: not attacked again
+    assert "cnn seed 0 ..." not in capsys.readouterr().out
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 1
+    checker = ROOT.parent / "shared" / "tools" / "check_results.py"
+    if checker.is_file():  # the schema of ../shared/RESULTS.md, as the project's own check reads it
+        proc = subprocess.run([sys.executable, str(checker), str(tmp_path / "project")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
