@@ -37,6 +37,13 @@ beta_2 = 0.01 with the policy gradient routed into the core (``policy_grad_to_co
   60 x 60 (``unified_cluttered60_entropy_context.yaml``: top-down, entropy, context), routed; beside them
   ``beta2_001_unrouted`` (beta_2 = 0.01 with ``policy_grad_to_core=false``, the default before issue 22). Note that
   ``beta2_0`` trains no location policy at all (its locations are those of the initial location network plus noise).
+- ``unified_sequences``: the sequences row of docs/unified.md re-run to convergence: ``unified_mnist_sequences.yaml``
+  (54 x 54 MNIST sequences of 1-5 digits, 50,000 training canvases, 18 glimpses, a token every 3, entropy +
+  context), row ``entropy_context``, seed 0, capped at the config's 30 epochs; its metric is the whole-sequence
+  error. Its cost has not been measured at this size (the smoke run of docs/unified.md: 314 s for 6 epochs of
+  10,000 canvases on two threads).
+
+The PGD table of the issue is benchmarks/unified_pgd.py, on the finished unified_cluttered60 checkpoints.
 
 Metric: ``test_error``, percent, ``100 - accuracy`` of the run's ``report.json`` (its ``test`` section): the
 checkpoint of the best validation accuracy, evaluated once on the test split with the mean locations in a single
@@ -111,6 +118,7 @@ CAPS = {
     "unified_cluttered60": {"cnn": 10, "ram": 140, "topdown": 140, "entropy": 140, "entropy_context": 140},
     "unified_mnist": {"ram": 200, "entropy": 200, "entropy_context": 200},
     "unified_beta2": {"beta2": 140},
+    "unified_sequences": {"entropy_context": 30},
 }
 #: the criterion: validation has stopped improving when the best validation accuracy of the last WINDOW epochs is
 #: less than MIN_GAIN points (percent) above the best before them
@@ -216,6 +224,20 @@ STUDIES = {
         (0, 1, 2),
         "beta_2 (weight of the policy gradient, routed into the core) in {0, 0.01, 0.1}, the full unified model "
         "(top-down, entropy, context) on 60 x 60 cluttered MNIST; test error (%), mean locations, single pass",
+    ),
+    "unified_sequences": Study(
+        (
+            Row(
+                "entropy_context",
+                "configs/unified_mnist_sequences.yaml",
+                _epochs("unified_sequences", "entropy_context"),
+                "the sequences row (table 3 stand-in): 54 x 54 MNIST sequences of 1-5 digits, entropy + context",
+            ),
+        ),
+        (0,),
+        "The sequences row of docs/unified.md (table 3 on 54 x 54 MNIST sequences of 1-5 digits, a stand-in for "
+        "SVHN) run until validation stops improving: 18 glimpses, a token every 3; whole-sequence test error (%), "
+        "mean locations, single pass",
     ),
 }
 

@@ -14,6 +14,7 @@ ISSUE_ROWS = {
     "unified_cluttered60": ["cnn", "ram", "topdown", "entropy", "entropy_context"],
     "unified_mnist": ["ram", "entropy", "entropy_context"],
     "unified_beta2": ["beta2_0", "beta2_001", "beta2_01"],
+    "unified_sequences": ["entropy_context"],
 }
 
 
@@ -35,7 +36,7 @@ def test_rows_are_the_issues_with_configs_that_load(study, name):
     spec = study.STUDIES[name]
     rows = {r.name: r for r in spec.rows}
     assert [r.name for r in spec.rows if r.issue_row] == ISSUE_ROWS[name]
-    assert spec.seeds == ((0,) if name == "unified_cluttered100" else (0, 1, 2))
+    assert spec.seeds == ((0,) if name in ("unified_cluttered100", "unified_sequences") else (0, 1, 2))
     for row in spec.rows:
         for candidate in row.candidates:  # a row chosen on validation among variants that exist
             assert candidate in rows and not rows[candidate].issue_row
