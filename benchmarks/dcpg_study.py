@@ -175,6 +175,12 @@ VARIANTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         ("model.policy_lr_scale=1",),
         "continuous_multihead at the policies' base learning rate (as continuous_lr1)",
     ),
+    (
+        "baseline_lambda10",
+        "_baseline",
+        ("model.lam=10",),
+        "baseline at lambda 10 (features x 5): lambda10's control, separating the feature scale from its attention",
+    ),
 )
 
 
