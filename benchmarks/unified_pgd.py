@@ -94,8 +94,27 @@ def evaluate_run(source: dict, data_dir: str | None, limit: int, epsilons: Seque
         "overrides": [f"--limit {limit}", f"pgd steps {STEPS}, step epsilon/4"],
         "command": " && ".join(commands),
         "checkpoint": str(ckpt),
+        "settings": settings(limit, epsilons),
+        # "train_seconds": the attack's time (the summary's "train s" column), no training happens here
         "report": {"accuracy": accuracy, "epsilons": list(epsilons), "train_seconds": round(time.time() - t0, 1)},
     }
+
+
+def settings(limit: int, epsilons: Sequence[float]) -> dict:
+    """What makes two records comparable: the test images, the budgets and the attack's steps."""
+    return {"limit": limit, "epsilons": [float(e) for e in epsilons], "steps": STEPS}
+
+
+def recorded(records: Sequence[dict], wanted: dict, log: Path) -> set[tuple[str, int]]:
+    """The (row, seed) already attacked with the ``wanted`` settings; a record made with others is an error (its
+    figures would not share a table with the new ones), naming it and both settings."""
+    for r in records:
+        if r.get("settings") != wanted:
+            raise SystemExit(
+                f"{log}: {r['row']} seed {r['seed']} was attacked with {r.get('settings')}, not {wanted}; run with "
+                "those settings, or give another --out for these"
+            )
+    return {(r["row"], r["seed"]) for r in records}
 
 
 def table_md(doc: dict) -> str:
@@ -166,8 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
+    wanted = settings(args.limit, args.epsilons)
+    done = recorded(_records(log), wanted, log)
+    os.environ["STUDY_THREADS"] = str(args.threads)  # the summary's machine line (eval commands carry no threads)
     if not args.summary_only:
-        done = {(r["row"], r["seed"]) for r in _records(log)}
         for src in sources:
             if (src["row"], src["seed"]) in done:
                 continue
@@ -184,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command += " ".join(f"{e:g}" for e in args.epsilons)
     description = (
         f"test accuracy under L-inf PGD ({STEPS} steps of epsilon/4, mean locations) of every row and seed of "
-        f"{args.source}, its best.ckpt (chosen on validation), the first {args.limit} test images"
+        f"{args.source}, its best.ckpt (chosen on validation), the first {args.limit} test images; the 'train s' "
+        "column is the time of a checkpoint's attacks"
     )
     seeds = sorted({r["seed"] for r in sources})
     doc = summarise(STUDY, rows, records, metrics, description, command, out, primary="accuracy_clean", seeds=seeds)

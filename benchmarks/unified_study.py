@@ -54,8 +54,9 @@ accuracy.
 "Run until validation stops improving": every row with a constant learning rate (all but the MNIST
 ``*_lr1e3_cosine`` candidates, whose cosine decay needs its whole horizon) trains with the trainer's early stopping
 (``trainer.early_stop_patience`` = :data:`WINDOW` validations, one an epoch, ``trainer.early_stop_min_delta`` =
-:data:`MIN_GAIN` points of validation accuracy; rlattention/engine/stopping.py), up to an epoch cap
-(:data:`CAPS`), and the best validation checkpoint is tested. The summary checks, for every run, whether validation
+:data:`MIN_GAIN` points of validation accuracy, monitored from :data:`START_FRACTION` of the cap, when the top-down
+rows' epsilon has decayed; rlattention/engine/stopping.py), up to an epoch cap (:data:`CAPS`; the ``cnn`` caps are
+too short for it to trigger), and the best validation checkpoint is tested. The summary checks, for every run, whether validation
 had stopped improving (:func:`budget_check`: the best validation accuracy of the last :data:`WINDOW` epochs is less
 than :data:`MIN_GAIN` points above the best before them, Keras' EarlyStopping(min_delta=MIN_GAIN, patience=WINDOW);
 it also names the epoch at which that rule ended the run, the trainer's own rule, tested to agree). A run that
@@ -102,6 +103,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shlex
 import shutil
 import statistics
 import sys
@@ -109,6 +112,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from study import ROOT, Row, main, run_dir_of
 from study import validation_curve as study_validation_curve
 
@@ -123,6 +127,9 @@ CAPS = {
 #: the criterion: validation has stopped improving when the best validation accuracy of the last WINDOW epochs is
 #: less than MIN_GAIN points (percent) above the best before them
 MIN_GAIN, WINDOW = 0.2, 10
+#: no run is judged before this fraction of its cap: unified's epsilon-greedy exploration of the pyramid decays over
+#: the first 30% of the planned steps (``model.epsilon_decay``), and every row of a study gets the same start
+START_FRACTION = 0.3
 
 CLUTTERED_ROWS = ("ram", "topdown", "entropy", "entropy_context")
 MNIST_CONFIGS = {
@@ -141,12 +148,22 @@ class Study:
     targets: tuple[tuple[str, float], ...] = ()  # (row, the issue's target test error) drawn on the bar chart
 
 
+def start_epoch(cap: int) -> int:
+    """The first epoch early stopping monitors: :data:`START_FRACTION` of the cap, rounded up."""
+    return math.ceil(START_FRACTION * cap)
+
+
 def _epochs(study: str, row: str, early_stop: bool = True) -> list[str]:
     """The row's budget: its epoch cap and, unless its learning rate decays (a cosine schedule needs its whole
     horizon), the trainer's early stopping with the criterion of :func:`stop_epoch` (patience WINDOW validations,
-    min_delta MIN_GAIN points)."""
-    stop = [f"trainer.early_stop_patience={WINDOW}", f"trainer.early_stop_min_delta={MIN_GAIN}"] if early_stop else []
-    return [f"trainer.epochs={CAPS[study][row]}", *stop]
+    min_delta MIN_GAIN points, monitored from :func:`start_epoch`)."""
+    cap = CAPS[study][row]
+    stop = [
+        f"trainer.early_stop_patience={WINDOW}",
+        f"trainer.early_stop_min_delta={MIN_GAIN}",
+        f"trainer.early_stop_start_epoch={start_epoch(cap)}",
+    ]
+    return [f"trainer.epochs={cap}", *(stop if early_stop else [])]
 
 
 def cluttered_rows(side: int) -> tuple[Row, ...]:
@@ -256,23 +273,35 @@ def validation_curve(run_dir: str | Path, key: str = "val/accuracy") -> list[flo
     return study_validation_curve(run_dir, key)
 
 
-def stop_epoch(curve: Sequence[float], window: int = WINDOW, min_gain: float = MIN_GAIN) -> int | None:
-    """The epoch (1-based) after which early stopping with patience ``window`` and ``min_delta = min_gain`` would
-    have ended the run: ``window`` epochs in a row without beating the best so far by ``min_gain``; None if never."""
-    best, since = float("-inf"), 0
+def stop_epoch(curve: Sequence[float], window: int = WINDOW, min_gain: float = MIN_GAIN, start: int = 0) -> int | None:
+    """The epoch (1-based) after which the trainer's early stopping (rlattention.engine.stopping, replayed on the
+    curve: patience ``window``, ``min_delta = min_gain``, monitored from epoch ``start``) ends the run: ``window``
+    epochs in a row without beating the last counted best by ``min_gain``; None if never."""
+    from rlattention.engine import stopping
+    from rlattention.engine.config import TrainerConfig
+    from rlattention.engine.trainer import Progress
+
+    cfg = TrainerConfig(early_stop_patience=window, early_stop_min_delta=min_gain, early_stop_start_epoch=start)
+    progress = Progress(total_steps=len(curve) + 1)  # the planned end lies beyond the curve
     for epoch, value in enumerate(curve, 1):
-        if value >= best + min_gain:
-            best, since = value, 0
-        else:
-            since += 1
-            if since >= window:
-                return epoch
+        progress.epoch = progress.step = epoch
+        if stopping.update(progress, value, "max", cfg):
+            return epoch
     return None
 
 
-def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_gain: float = MIN_GAIN) -> str:
+def budget_check(
+    curves: dict[str, Sequence[float]],
+    window: int = WINDOW,
+    min_gain: float = MIN_GAIN,
+    starts: dict[str, int] | None = None,
+) -> str:
     """Markdown: for each run, whether the best validation accuracy of its last ``window`` epochs is less than
-    ``min_gain`` points above its best before them (stopped improving), and when early stopping would have ended it."""
+    ``min_gain`` points above its best before them (stopped improving; a gain of exactly ``min_gain`` up to float
+    rounding counts as improving, as in the trainer), and the epoch at which early stopping (monitored from
+    ``starts[name]``, default 0) ends it."""
+    from rlattention.engine.stopping import improved
+
     if not curves:
         return "Budget check: no run folder with a validation curve found."
     lines = [
@@ -285,9 +314,10 @@ def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_g
             lines.append(f"- {name}: {len(curve)} epochs, too few to check")
             continue
         gain = max(curve[-window:]) - max(curve[:-window])
-        verdict = "met: stopped improving" if gain < min_gain else "NOT met: still improving at the cap"
-        stop = stop_epoch(curve, window, min_gain)
-        when = f"early stopping would have ended it after epoch {stop}" if stop else "early stopping would not have"
+        still = improved(max(curve[-window:]), max(curve[:-window]), "max", min_gain)
+        verdict = "NOT met: still improving at the cap" if still else "met: stopped improving"
+        stop = stop_epoch(curve, window, min_gain, (starts or {}).get(name, 0))
+        when = f"early stopping ends it after epoch {stop}" if stop else "early stopping would not have"
         best = max(range(len(curve)), key=curve.__getitem__) + 1
         lines.append(
             f"- {name}: {len(curve)} epochs, best {max(curve):.2f} at epoch {best}, gain of the last "
@@ -298,13 +328,16 @@ def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_g
 
 def budget_md(doc: dict) -> str:
     """:func:`budget_check` of every run of a summary (their run folders from the recorded commands)."""
-    curves = {}
+    curves, starts = {}, {}
     for row in doc["rows"]:
         for seed, command in zip(row["seeds"], row["commands"], strict=True):
             curve = validation_curve(run_dir_of(command))
             if curve:
-                curves[f"{row.get('selected_from', row['name'])} seed {seed}"] = curve
-    return budget_check(curves)
+                name = f"{row.get('selected_from', row['name'])} seed {seed}"
+                curves[name] = curve
+                opts = dict(p.split("=", 1) for p in shlex.split(command) if p.startswith("trainer.") and "=" in p)
+                starts[name] = int(opts.get("trainer.early_stop_start_epoch", 0))
+    return budget_check(curves, starts=starts)
 
 
 # ------------------------------------------------------------------------------------------------ the figures
@@ -378,7 +411,12 @@ def run(argv: Sequence[str]) -> int:
     if argv[:1] == ["check-budget"]:
         if len(argv) < 2:
             sys.exit("usage: python benchmarks/unified_study.py check-budget RUN_DIR ...")
-        print(budget_check({run_dir: validation_curve(run_dir) for run_dir in argv[1:]}))
+        starts = {}
+        for run_dir in argv[1:]:
+            config = Path(run_dir) / "config.yaml"
+            trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}) if config.is_file() else {}
+            starts[run_dir] = int(trainer.get("early_stop_start_epoch", 0))
+        print(budget_check({run_dir: validation_curve(run_dir) for run_dir in argv[1:]}, starts=starts))
         return 0
     if not argv or argv[0] not in STUDIES:
         sys.exit(f"usage: python benchmarks/unified_study.py {{{','.join(STUDIES)}}} [study options]")

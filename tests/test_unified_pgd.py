@@ -81,6 +81,11 @@ def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, 
     assert pgd.main(argv) == 0  # recorded: not attacked again
     assert "cnn seed 0 ..." not in capsys.readouterr().out
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
+    assert "1 torch thread(s) per run" in doc["machine"]
+    other = ["--source", str(source), "--out", str(out), "--epsilons", "0.1", "--limit", "64"]
+    with pytest.raises(SystemExit, match="cnn seed 0 was attacked with .*'epsilons': \\[0.3\\]"):
+        pgd.main(other)  # other budgets would not share the table: refused, the records untouched
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 1
     checker = ROOT.parent / "shared" / "tools" / "check_results.py"
     if checker.is_file():  # the schema of ../shared/RESULTS.md, as the project's own check reads it
         proc = subprocess.run([sys.executable, str(checker), str(tmp_path / "project")], capture_output=True, text=True)

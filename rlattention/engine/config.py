@@ -75,6 +75,9 @@ class TrainerConfig:
     # learning rate (cosine, step) an early stop cuts the schedule short, before the lr has decayed
     early_stop_patience: int = 0
     early_stop_min_delta: float = 0.0
+    # validations before this many epochs are done are not monitored (a model's own schedules, e.g. unified's
+    # epsilon decay over the first 30% of the steps, should be over before a plateau means anything)
+    early_stop_start_epoch: int = 0
     checkpoint_every: int = 0  # also save `last` every this many steps (0: at epoch ends only)
     progress: bool = True
     wandb: str = ""  # a W&B project: also log there (offline unless $WANDB_MODE; pip install "rlattention[wandb]")

@@ -67,6 +67,7 @@ RANGES: dict[str, Range] = {
     "trainer.val_every": AT_LEAST_1,
     "trainer.early_stop_patience": AT_LEAST_0,  # 0: off
     "trainer.early_stop_min_delta": AT_LEAST_0,
+    "trainer.early_stop_start_epoch": AT_LEAST_0,
     "trainer.checkpoint_every": AT_LEAST_0,
     "trainer.pk_instances": AT_LEAST_1,
     "trainer.collective_timeout_minutes": Range(0, 7 * 24 * 60, lo_open=True),  # at most a week

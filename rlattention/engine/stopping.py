@@ -7,8 +7,10 @@ metric's direction (``"max"``: higher is better, ``"min"``: lower) by at least `
 ``min_delta`` is 0); the first validation always counts (unless its value is NaN). A smaller gain neither resets the
 count nor moves the reference, so a run that creeps up by less than ``min_delta`` per validation still stops.
 Training stops after ``patience`` consecutive validations that did not count, unless that validation was the run's
-last anyway (then it is no early stop). Which model is tested is decided apart from this: ``best.ckpt`` follows any
-strict improvement.
+last anyway (then it is no early stop). Validations before ``trainer.early_stop_start_epoch`` epochs are done are
+not monitored at all (for a model whose own schedules, e.g. unified's epsilon-greedy decay, run over the first part
+of training: a plateau there says nothing about convergence). Which model is tested is decided apart from this:
+``best.ckpt`` follows any strict improvement.
 
 The state (the reference value, its epoch, the validations since) lives in the trainer's ``Progress``: it is saved in
 every checkpoint and a resumed run continues the count exactly. These functions read and update it in place; they
@@ -43,7 +45,11 @@ def improved(value: float, reference: float | None, mode: str, min_delta: float 
 
 def update(progress: Progress, value: float, mode: str, cfg: TrainerConfig) -> bool:
     """Count one validation whose selection metric is ``value`` (``progress.epoch``: the epochs done when it ran);
-    returns whether training ends after it (:func:`stopped_early`)."""
+    returns whether training ends after it (:func:`stopped_early`). Nothing is counted with early stopping off
+    (patience 0: a run resumed later with a patience starts its count then) or before
+    ``trainer.early_stop_start_epoch`` epochs are done (not monitored at all, like Keras' ``start_from_epoch``)."""
+    if cfg.early_stop_patience <= 0 or progress.epoch < cfg.early_stop_start_epoch:
+        return False
     if improved(value, progress.stop_value, mode, cfg.early_stop_min_delta):
         progress.stop_value, progress.stop_epoch, progress.stale_validations = value, progress.epoch, 0
     else:

@@ -499,10 +499,10 @@ class Trainer:
         fabric.log_dict({f"val/{k}": v for k, v in metrics.items()}, step=p.step)
         value = metrics[self.metric_name]
         better = (lambda a, b: a > b) if self.mode == "max" else (lambda a, b: a < b)
-        if p.best_value is None or better(value, p.best_value):
+        stop = stopping.update(p, value, self.mode, tc)  # the same on every rank: every rank has the same metrics
+        if p.best_value is None or better(value, p.best_value):  # (counted first: best.ckpt holds this count)
             p.best_value, p.best_epoch, p.best_step = value, p.epoch, p.step
             self.save("best")
-        stop = stopping.update(p, value, self.mode, tc)  # the same on every rank: every rank has the same metrics
         self.done = self.done or stop
         if fabric.global_rank == 0:
             fabric.print(

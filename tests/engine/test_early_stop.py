@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from lightning.fabric import Fabric
 from rlattention.data.registry import build_dataset
 from rlattention.engine import stopping, trainer
 from rlattention.engine.checkpoint import load_checkpoint_file
-from rlattention.engine.config import ConfigError, load_config
+from rlattention.engine.config import ConfigError, TrainerConfig, load_config
 from rlattention.engine.evaluate import evaluate
 from rlattention.engine.trainer import Progress, TrainingInterrupted, fit
 from rlattention.methods.ram import RAM
@@ -39,9 +38,15 @@ METRIC = RAM.selection_metric[0]  # accuracy, max
 
 
 # ------------------------------------------------------------------------------------------ the rule alone
-def _run_rule(values: list[float], mode: str, patience: int, min_delta: float = 0.0, total: int = 100) -> int | None:
+def _rule_cfg(patience: int, min_delta: float = 0.0, start: int = 0) -> TrainerConfig:
+    return TrainerConfig(early_stop_patience=patience, early_stop_min_delta=min_delta, early_stop_start_epoch=start)
+
+
+def _run_rule(
+    values: list[float], mode: str, patience: int, min_delta: float = 0.0, total: int = 100, start: int = 0
+) -> int | None:
     """The 1-based validation after which the rule stops (one epoch per validation), or None."""
-    p, cfg = Progress(total_steps=total), SimpleNamespace(early_stop_patience=patience, early_stop_min_delta=min_delta)
+    p, cfg = Progress(total_steps=total), _rule_cfg(patience, min_delta, start)
     for i, value in enumerate(values, start=1):
         p.epoch = p.step = i
         if stopping.update(p, value, mode, cfg):
@@ -73,7 +78,7 @@ def test_the_rule_on_sequences(values, mode, patience, min_delta, stop):
 
 
 def test_the_rule_state_a_smaller_gain_leaves_the_reference():
-    p, cfg = Progress(total_steps=100), SimpleNamespace(early_stop_patience=5, early_stop_min_delta=0.5)
+    p, cfg = Progress(total_steps=100), _rule_cfg(5, 0.5)
     for epoch, value in enumerate([10.0, 10.4, 10.49, 10.5], start=1):
         p.epoch = epoch
         stopping.update(p, value, "max", cfg)
@@ -90,6 +95,19 @@ def test_nan_never_counts_and_the_last_validation_is_no_early_stop():
     assert not stopping.improved(1.19, 1.1, "max", 0.1) and not stopping.improved(1.1, 1.1, "max", 0.0)
     with pytest.raises(ValueError, match="'max' or 'min'"):
         stopping.improved(1.0, 0.0, "up")
+
+
+def test_nothing_is_monitored_before_the_start_epoch_or_with_patience_0():
+    falling = [5, 4, 3, 2, 1, 1, 1, 1]
+    assert _run_rule(falling, "max", 2) == 3
+    # epochs 1-4 not monitored: epoch 5's 1 is the first reference, epochs 6 and 7 do not beat it
+    assert _run_rule(falling, "max", 2, start=5) == 7
+    assert _run_rule([1, 2, 3, 3, 3, 3], "max", 2, start=6) is None  # epoch 6 alone: the first reference
+    p, cfg = Progress(total_steps=100), _rule_cfg(0)
+    for epoch, value in enumerate([3, 2, 1], start=1):
+        p.epoch = epoch
+        assert not stopping.update(p, value, "max", cfg)
+    assert (p.stop_value, p.stale_validations) == (None, 0)  # off: a later resume with a patience starts afresh
 
 
 # -------------------------------------------------------------------------------------------- real runs
@@ -145,6 +163,8 @@ def test_a_plateau_stops_at_the_expected_epoch_and_tests_the_best(tmp_path, spli
     assert (on_disk["early_stopped"], on_disk["early_stop_epoch"], on_disk["epochs"]) == (True, 6, 6)
     assert on_disk["test"] == report["test"] and METRIC in on_disk["test"]  # the final test ran
     assert _ckpt_epochs(tmp_path / "r") == (3, 6)  # best.ckpt of the best value; last.ckpt where it stopped
+    best = load_checkpoint_file(tmp_path / "r" / "checkpoints" / "best.ckpt")["progress"]
+    assert (best["stop_value"], best["stop_epoch"], best["stale_validations"]) == (30.0, 3, 0)  # its own count
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("early stop")]
     assert lines == [
         "early stop after epoch 6: val accuracy has not improved for 3 validations (trainer.early_stop_patience=3); "
