@@ -56,10 +56,11 @@ accuracy.
 (``trainer.early_stop_patience`` = :data:`WINDOW` validations, one an epoch, ``trainer.early_stop_min_delta`` =
 :data:`MIN_GAIN` points of validation accuracy, monitored from :data:`START_FRACTION` of the cap, when the top-down
 rows' epsilon has decayed; rlattention/engine/stopping.py), up to an epoch cap (:data:`CAPS`; the ``cnn`` caps are
-too short for it to trigger), and the best validation checkpoint is tested. The summary checks, for every run, whether validation
-had stopped improving (:func:`budget_check`: the best validation accuracy of the last :data:`WINDOW` epochs is less
-than :data:`MIN_GAIN` points above the best before them, Keras' EarlyStopping(min_delta=MIN_GAIN, patience=WINDOW);
-it also names the epoch at which that rule ended the run, the trainer's own rule, tested to agree). A run that
+too short for it to trigger), and the best validation checkpoint is tested. The summary checks, for every run,
+whether validation had stopped improving (:func:`budget_check`: the best validation accuracy of the last
+:data:`WINDOW` epochs is less than :data:`MIN_GAIN` points above the best before them, Keras'
+EarlyStopping(min_delta=MIN_GAIN, patience=WINDOW)); it also names the epoch at which the trainer's rule ended the
+run (:func:`stop_epoch` replays it on the curve). A run that
 reached its cap without meeting the criterion says so in the summary: its row was still improving at the cap.
 
 Cost of a row, measured (05:30-05:51, :data:`CAPS` set from it): two epochs on the first 27,008 training images
