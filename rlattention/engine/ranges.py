@@ -108,7 +108,8 @@ RANGES: dict[str, Range] = {
     "eval.viz_images": AT_LEAST_0,
 }
 
-_RAM_RANGES: dict[str, Range] = {
+#: the glimpse network, core and location policy that RAM, unified and darp share
+_GLIMPSE_RANGES: dict[str, Range] = {
     "glimpse_size": AT_LEAST_1,
     "num_scales": AT_LEAST_1,
     "scale_factor": POSITIVE,
@@ -117,6 +118,10 @@ _RAM_RANGES: dict[str, Range] = {
     "glimpse_dim": AT_LEAST_1,
     "hidden_size": AT_LEAST_1,
     "std": POSITIVE,
+}
+
+_RAM_RANGES: dict[str, Range] = {
+    **_GLIMPSE_RANGES,
     "reinforce_weight": AT_LEAST_0,
     "baseline_weight": AT_LEAST_0,
     "gamma": UNIT,
@@ -159,14 +164,7 @@ MODEL_RANGES: dict[str, dict[str, Range]] = {
         "augment_flip": UNIT,
     },
     "darp": {
-        "glimpse_size": AT_LEAST_1,
-        "num_scales": AT_LEAST_1,
-        "scale_factor": POSITIVE,
-        "glimpse_hidden": AT_LEAST_1,
-        "loc_hidden": AT_LEAST_1,
-        "glimpse_dim": AT_LEAST_1,
-        "hidden_size": AT_LEAST_1,
-        "std": POSITIVE,
+        **_GLIMPSE_RANGES,
         "std_final": POSITIVE,
         "eta_start": UNIT,
         "eta_end": UNIT,
