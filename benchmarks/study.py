@@ -3,7 +3,9 @@ finishes, then ``summary.json`` (schema: ../shared/RESULTS.md) and ``summary.md`
 
 A study spans sessions: each finished run appends one line to ``<out>/runs.jsonl`` (row, seed, command, test
 metrics, times) and a run already recorded there is not run again, so the same command continues where a killed
-or interrupted study stopped, and rows run in separate sessions merge into one summary. Model selection is the
+or interrupted study stopped, and rows run in separate sessions merge into one summary. A run killed half-way
+(the session ended) is continued from its last checkpoint by the next study command, exactly, when its config is
+still the row's; otherwise its folder is renamed aside (see :func:`run_one`). Model selection is the
 engine's: the best validation checkpoint; the test split is evaluated once, by ``fit``, on that checkpoint.
 
 A study module defines its rows and calls :func:`main`::
@@ -118,25 +120,105 @@ def run_dir_of(command: str) -> Path:
     return (out if out.is_absolute() else ROOT / out) / opts["trainer.run_name"]
 
 
-def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
-    """``rlattention fit`` of one row and seed in ``work/<row>_s<seed>``; returns its record."""
-    run_name = f"{row.name}_s{seed}"
-    run_dir = work / run_name
-    if run_dir.exists():  # a run killed half-way: keep it aside, never overwrite it
-        run_dir.rename(work / f"{run_name}.incomplete-{int(time.time())}")
+#: keys a study may pass differently when it continues a run (how it is run, not what is trained)
+RESUME_FREE_KEYS = ("trainer.progress", "trainer.num_threads")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resume_state(run_dir: Path, config: str, overrides: Sequence[str]) -> tuple[dict | None, str]:
+    """Whether the folder ``run_dir`` that a killed study left can be continued: ``(its checkpoint's progress, "")``
+    when it has ``checkpoints/last.ckpt``, no ``report.json`` and a checkpoint config equal, key by key (but
+    :data:`RESUME_FREE_KEYS`), to the one ``config`` and ``overrides`` build now; else ``(None, why not)``. A
+    :class:`~rlattention.engine.rundir.RunFolderBusy` when another process holds the folder's lock (it still
+    trains: the study stops rather than move a live run aside)."""
+    from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
+    from rlattention.engine.config import load_config, to_dict
+    from rlattention.engine.rundir import lock_run_dir
+
+    lock = lock_run_dir(run_dir, record_pid=False)  # RunFolderBusy while a process trains in it
+    lock.release()
+    if (run_dir / "report.json").exists():
+        return None, "it has a report.json but no record in runs.jsonl"
+    ckpt_path = run_dir / "checkpoints" / "last.ckpt"
+    if not ckpt_path.is_file():
+        return None, "it has no checkpoints/last.ckpt (killed before its first save)"
+    try:
+        ckpt = load_checkpoint_file(ckpt_path)
+    except CheckpointError as e:
+        return None, str(e)
+    want = _flat(to_dict(load_config(ROOT / config, list(overrides))))
+    have = _flat(ckpt["config"])
+    differ = sorted(k for k in set(want) | set(have) if k not in RESUME_FREE_KEYS and want.get(k) != have.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {have.get(k)!r} in the checkpoint, {want.get(k)!r} now" for k in differ[:4])
+        return None, f"its config differs from the row's ({shown}{', ...' if len(differ) > 4 else ''})"
+    progress = ckpt.get("progress")
+    if not isinstance(progress, dict):
+        return None, f"{ckpt_path} holds no training progress"
+    return progress, ""
+
+
+def fit_argv(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> list[str]:
+    """The ``rlattention fit`` command of a fresh run of ``row`` and ``seed`` in ``work/<row>_s<seed>``; its last two
+    arguments (progress, threads) are how it runs, the rest what it trains."""
     overrides = [o.format(seed=seed, work=work) for o in row.overrides]  # e.g. {work}/triplet_s{seed}/phase1...
-    argv = [
+    return [
         "rlattention", "fit", "--config", row.config,
         *(["--data-dir", data_dir] if data_dir else []),
         *overrides, *extra,
-        f"trainer.seed={seed}", f"trainer.out_dir={work}", f"trainer.run_name={run_name}",
+        f"trainer.seed={seed}", f"trainer.out_dir={work}", f"trainer.run_name={row.name}_s{seed}",
         "trainer.progress=false", f"trainer.num_threads={threads}",
     ]  # fmt: skip
+
+
+def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
+    """``rlattention fit`` of one row and seed in ``work/<row>_s<seed>``; returns its record.
+
+    A folder that a killed study left there is continued (``rlattention fit --resume``, exact: the same batches
+    and optimiser state) when :func:`resume_state` allows it, and the record says so (``resumed``: the step and
+    epoch it continued from, its command); otherwise it is renamed aside, never overwritten or written into.
+    ``command`` is always the fresh run's command, which reproduces the run; ``wall_seconds`` is this process's."""
+    run_name = f"{row.name}_s{seed}"
+    run_dir = work / run_name
+    overrides = [o.format(seed=seed, work=work) for o in row.overrides]  # e.g. {work}/triplet_s{seed}/phase1...
+    argv = fit_argv(row, seed, data_dir, work, threads, extra)
+    resumed, run_argv = None, argv
+    if run_dir.exists():
+        fixed = argv[6 if data_dir else 4 : -2]  # the overrides that say what is trained
+        progress, why_not = resume_state(run_dir, row.config, fixed)
+        if progress is None:  # keep it aside, never overwrite it
+            aside = work / f"{run_name}.incomplete-{int(time.time())}"
+            print(f"[study] {run_dir} cannot be continued: {why_not}; renamed to {aside.name}", flush=True)
+            run_dir.rename(aside)
+            if (work / f"{run_name}.log").exists():  # its log goes with it
+                (work / f"{run_name}.log").rename(work / f"{aside.name}.log")
+        else:
+            run_argv = [
+                "rlattention", "fit", "--resume", str(run_dir),
+                *(["--data-dir", data_dir] if data_dir else []),
+                "trainer.progress=false", f"trainer.num_threads={threads}",
+            ]  # fmt: skip
+            resumed = {"step": progress.get("step"), "epoch": progress.get("epoch"), "command": shlex.join(run_argv)}
+            print(f"[study] {run_dir}: continuing from step {resumed['step']} (epoch {resumed['epoch']})", flush=True)
     t0 = time.time()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    (work / f"{run_name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}); see {work / (run_name + '.log')}")
+    log_path = work / f"{run_name}.log"  # written as the run goes, so a killed run leaves its log
+    if not resumed and log_path.exists():  # the log of an attempt that left no run folder (e.g. a config error)
+        log_path.rename(work / f"{run_name}.earlier-{int(time.time())}.log")
+    with log_path.open("a" if resumed else "x") as f:  # a continued run's log follows the earlier one's
+        f.write(f"# {shlex.join(run_argv)}\n")
+        f.flush()
+        code = subprocess.run(run_argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True).returncode
+    if code != 0:
+        raise RuntimeError(f"{shlex.join(run_argv)} failed ({code}); see {log_path}")
     report = json.loads((run_dir / "report.json").read_text())
     return {
         "row": row.name,
@@ -144,6 +226,7 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
         "config": row.config,
         "overrides": overrides + list(extra),
         "command": shlex.join(argv),
+        **({"resumed": resumed} if resumed else {}),
         "report": report,
         "wall_seconds": round(time.time() - t0, 1),
     }
