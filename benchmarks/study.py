@@ -134,12 +134,16 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def resume_state(run_dir: Path, config: str, overrides: Sequence[str]) -> tuple[dict | None, str]:
+def resume_state(
+    run_dir: Path, config: str, overrides: Sequence[str], data_dir: str | None = None
+) -> tuple[dict | None, str]:
     """Whether the folder ``run_dir`` that a killed study left can be continued: ``(its checkpoint's progress, "")``
     when it has ``checkpoints/last.ckpt``, no ``report.json`` and a checkpoint config equal, key by key (but
-    :data:`RESUME_FREE_KEYS`), to the one ``config`` and ``overrides`` build now; else ``(None, why not)``. A
+    :data:`RESUME_FREE_KEYS`), to the one ``config``, ``overrides`` and ``data_dir`` (``--data-dir``, relative to the
+    repository, where the runs start; the run records it as an absolute path) build now; else ``(None, why not)``. A
     :class:`~rlattention.engine.rundir.RunFolderBusy` when another process holds the folder's lock (it still
     trains: the study stops rather than move a live run aside)."""
+    from rlattention.data.registry import resolve_data_dir
     from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
     from rlattention.engine.config import load_config, to_dict
     from rlattention.engine.rundir import lock_run_dir
@@ -155,8 +159,13 @@ def resume_state(run_dir: Path, config: str, overrides: Sequence[str]) -> tuple[
         ckpt = load_checkpoint_file(ckpt_path)
     except CheckpointError as e:
         return None, str(e)
-    want = _flat(to_dict(load_config(ROOT / config, list(overrides))))
+    cfg = load_config(ROOT / config, list(overrides))
+    used = resolve_data_dir(data_dir or cfg.data.data_dir)
+    want = _flat(to_dict(cfg))
     have = _flat(ckpt["config"])
+    if used is not None:  # one folder however it is spelled
+        want["data.data_dir"] = os.path.realpath(ROOT / used)
+        have["data.data_dir"] = os.path.realpath(ROOT / str(have.get("data.data_dir")))
     differ = sorted(k for k in set(want) | set(have) if k not in RESUME_FREE_KEYS and want.get(k) != have.get(k))
     if differ:
         shown = ", ".join(f"{k}: {have.get(k)!r} in the checkpoint, {want.get(k)!r} now" for k in differ[:4])
@@ -194,7 +203,7 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
     resumed, run_argv = None, argv
     if run_dir.exists():
         fixed = argv[6 if data_dir else 4 : -2]  # the overrides that say what is trained
-        progress, why_not = resume_state(run_dir, row.config, fixed)
+        progress, why_not = resume_state(run_dir, row.config, fixed, data_dir)
         if progress is None:  # keep it aside, never overwrite it
             aside = work / f"{run_name}.incomplete-{int(time.time())}"
             print(f"[study] {run_dir} cannot be continued: {why_not}; renamed to {aside.name}", flush=True)

@@ -57,17 +57,24 @@ def row(study):
 
 
 @pytest.fixture(scope="module")
-def reference(study, row, tmp_path_factory) -> dict:
+def data_dir(tmp_path_factory) -> str:
+    """A ``--data-dir`` as a study passes it, relative to the repository (the digits are drawn, it stays empty);
+    the run records it as an absolute path, which must not stop a resume."""
+    return os.path.relpath(tmp_path_factory.mktemp("data"), ROOT)
+
+
+@pytest.fixture(scope="module")
+def reference(study, row, data_dir, tmp_path_factory) -> dict:
     """An uninterrupted run's record."""
-    return study.run_one(row, 0, None, tmp_path_factory.mktemp("straight"), 1, [])
+    return study.run_one(row, 0, data_dir, tmp_path_factory.mktemp("straight"), 1, [])
 
 
-def _killed_run(study, row, work: Path) -> int:
+def _killed_run(study, row, work: Path, data_dir: str) -> int:
     """Start the row's fresh run as a study would, SIGKILL it once `last` has been replaced once (mid-run), and
     return the step of its last checkpoint."""
     last = work / "tiny_s0" / "checkpoints" / "last.ckpt"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(study.fit_argv(row, 0, None, work, 1, []), cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(study.fit_argv(row, 0, data_dir, work, 1, []), cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + TIMEOUT
     first = None
     while proc.poll() is None and time.monotonic() < deadline:
@@ -83,14 +90,14 @@ def _killed_run(study, row, work: Path) -> int:
     return load_checkpoint_file(last)["progress"]["step"]
 
 
-def test_a_killed_run_is_continued_and_ends_as_the_uninterrupted_run(study, row, reference, tmp_path):
-    killed_at = _killed_run(study, row, tmp_path)
+def test_a_killed_run_is_continued_and_ends_as_the_uninterrupted_run(study, row, data_dir, reference, tmp_path):
+    killed_at = _killed_run(study, row, tmp_path, data_dir)
     assert 0 < killed_at < 64
     (tmp_path / "tiny_s0.log").write_text("# the first attempt's log\n")  # what the killed study had written
-    rec = study.run_one(row, 0, None, tmp_path, 1, [])
+    rec = study.run_one(row, 0, data_dir, tmp_path, 1, [])
     assert rec["resumed"]["step"] == killed_at
     assert "--resume" in rec["resumed"]["command"] and "--resume" not in rec["command"]
-    assert rec["command"] == shlex.join(study.fit_argv(row, 0, None, tmp_path, 1, []))  # the fresh run's command
+    assert rec["command"] == shlex.join(study.fit_argv(row, 0, data_dir, tmp_path, 1, []))  # the fresh run's command
     # continued exactly: the same selected model, the same test figures (CPU, one thread, deterministic)
     assert rec["report"]["test"] == reference["report"]["test"]
     assert rec["report"]["best_epoch"] == reference["report"]["best_epoch"]
@@ -100,20 +107,23 @@ def test_a_killed_run_is_continued_and_ends_as_the_uninterrupted_run(study, row,
     assert not list(tmp_path.glob("*.incomplete-*"))
 
 
-def test_a_run_left_under_another_config_is_kept_aside_with_its_log(study, row, tmp_path):
-    killed_at = _killed_run(study, row, tmp_path)
+def test_a_run_left_under_another_config_is_kept_aside_with_its_log(study, row, data_dir, tmp_path):
+    killed_at = _killed_run(study, row, tmp_path, data_dir)
     run = tmp_path / "tiny_s0"
     fixed = study.fit_argv(row, 0, None, tmp_path, 1, [])[4:-2]
-    progress, why = study.resume_state(run, row.config, fixed)
-    assert progress is not None and progress["step"] == killed_at and why == ""
+    for same in (data_dir, str(ROOT / data_dir), str(ROOT / data_dir) + "/"):  # one folder, spelled three ways
+        progress, why = study.resume_state(run, row.config, fixed, same)
+        assert progress is not None and progress["step"] == killed_at and why == ""
+    progress, why = study.resume_state(run, row.config, fixed, str(tmp_path))
+    assert progress is None and "data.data_dir" in why
     changed = [o if o != "optim.lr=0.01" else "optim.lr=0.02" for o in fixed]
-    progress, why = study.resume_state(run, row.config, changed)
+    progress, why = study.resume_state(run, row.config, changed, data_dir)
     assert progress is None and "optim.lr" in why and "0.01" in why and "0.02" in why
     # the row as a study now defines it (another learning rate): the old folder goes aside, a fresh run starts
     (tmp_path / "tiny_s0.log").write_text("old log\n")
     weights = load_checkpoint_file(run / "checkpoints" / "last.ckpt")["model"]
     new_row = study.Row("tiny", row.config, [o if o != "optim.lr=0.01" else "optim.lr=0.02" for o in TINY])
-    rec = study.run_one(new_row, 0, None, tmp_path, 1, [])
+    rec = study.run_one(new_row, 0, data_dir, tmp_path, 1, [])
     assert "resumed" not in rec and rec["report"]["steps"] == 64
     (aside,) = tmp_path.glob("tiny_s0.incomplete-*[0-9]")
     assert (tmp_path / f"{aside.name}.log").read_text() == "old log\n"
