@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,15 @@ def require_data(shared_data: Path) -> Callable[[str], Path]:
         return require_path(shared_data / relative, f"shared data folder {relative!r}")
 
     return require
+
+
+@pytest.fixture(scope="session")
+def benchmark_module() -> Iterator[Callable[[str], object]]:
+    """``benchmark_module("dcpg_study")``: a script of ``benchmarks/`` imported as it runs, with ``benchmarks/`` on
+    ``sys.path`` (the study scripts import their sibling ``study.py``) for the rest of the session."""
+    path = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, path)
+    try:
+        yield importlib.import_module
+    finally:
+        sys.path.remove(path)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,15 +13,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "dcpg_attention_st
 
 
 @pytest.fixture(scope="module")
-def stats():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("dcpg_attention_stats", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def stats(benchmark_module):
+    return benchmark_module("dcpg_attention_stats")
 
 
 def test_word_kinds(stats):

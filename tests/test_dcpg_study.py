@@ -4,7 +4,6 @@ taken from a dcpg report.json into the summary (no training)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,8 @@ ISSUE_METRICS = ["rsum", "i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i
 
 
 @pytest.fixture(scope="module")
-def study():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # dcpg_study imports its sibling study.py
-    try:
-        import dcpg_study
-
-        yield dcpg_study
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def study(benchmark_module):
+    return benchmark_module("dcpg_study")
 
 
 def test_rows_are_the_issues_with_their_configs_and_one_budget(study):

@@ -4,7 +4,6 @@ controls at the learned row's cost, and the metrics taken from a rarl report.jso
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,8 @@ ISSUE_ROWS = ["learned", "random", "grid", "global", "single", "nolstm", "t1", "
 
 
 @pytest.fixture(scope="module")
-def study():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # rarl_study imports its sibling study.py
-    try:
-        import rarl_study
-
-        yield rarl_study
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def study(benchmark_module):
+    return benchmark_module("rarl_study")
 
 
 def test_rows_are_the_issues_with_their_configs_and_one_budget(study):

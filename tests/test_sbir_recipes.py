@@ -4,8 +4,6 @@ cannot, and the chosen recipe's overrides are valid ``rlattention fit`` settings
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def recipes():
-    spec = importlib.util.spec_from_file_location("sbir_recipes", ROOT / "benchmarks" / "sbir_recipes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sbir_recipes"] = module
-    spec.loader.exec_module(module)
-    return module
+def recipes(benchmark_module):
+    return benchmark_module("sbir_recipes")
 
 
 def features(photos: int = 20, per: int = 3, dim: int = 16, noise: float = 0.3, seed: int = 0) -> dict:

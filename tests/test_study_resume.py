@@ -10,7 +10,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,14 +40,8 @@ TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
-def study():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import study
-
-        yield study
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def study(benchmark_module):
+    return benchmark_module("study")
 
 
 @pytest.fixture(scope="module")

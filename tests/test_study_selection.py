@@ -5,7 +5,6 @@ for it runs its candidates (no training here: ``run_one`` is replaced)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def study():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import study
-
-        yield study
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def study(benchmark_module):
+    return benchmark_module("study")
 
 
 def record(row: str, seed: int, val: float, test: float) -> dict:

@@ -32,14 +32,8 @@ TINY = [  # a small CNN on the embedded digits: about 60% test accuracy in 15 s,
 
 
 @pytest.fixture(scope="module")
-def pgd():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # unified_pgd imports its sibling study.py
-    try:
-        import unified_pgd
-
-        yield unified_pgd
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def pgd(benchmark_module):
+    return benchmark_module("unified_pgd")
 
 
 def test_metrics_are_percent_and_the_share_kept(pgd):

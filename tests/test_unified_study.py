@@ -3,7 +3,6 @@ a report.json, and the stopping criterion the summaries check (no training)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,8 @@ ISSUE_ROWS = {
 
 
 @pytest.fixture(scope="module")
-def study():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # unified_study imports its sibling study.py
-    try:
-        import unified_study
-
-        yield unified_study
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def study(benchmark_module):
+    return benchmark_module("unified_study")
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE_ROWS))
