@@ -45,6 +45,12 @@ class Row:
     # itself; its figures are those of the candidate with the best mean of ``report[select_key]`` over its seeds
     candidates: tuple[str, ...] = ()
     select_key: str = ""
+    # with candidates: the seeds on which they are compared; the other seeds run only for the chosen candidate
+    # (empty: every candidate runs every seed, compared on the seeds they share)
+    select_seeds: tuple[int, ...] = ()
+    # (study, row): this row is that row of another study, the same config key by key; its runs are that study's
+    # records of the same seed (read from ``<out>/../<study>/runs.jsonl``), copied here, never trained twice
+    same_as: tuple[str, str] = ()
 
 
 def machine(records: Sequence[dict] = ()) -> str:
@@ -134,6 +140,57 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def resolved_config(config: str, overrides: Sequence[str], data_dir: str | None = None) -> dict:
+    """The flat config (``section.key`` -> value) that ``config`` (relative to the repository) and ``overrides``
+    build, its ``data.data_dir`` the real path of ``data_dir`` (``--data-dir``, relative to the repository, where
+    the runs start) or of the config's own."""
+    from rlattention.data.registry import resolve_data_dir
+    from rlattention.engine.config import load_config, to_dict
+
+    cfg = load_config(ROOT / config, list(overrides))
+    flat = _flat(to_dict(cfg))
+    used = resolve_data_dir(data_dir or cfg.data.data_dir)
+    if used is not None:
+        flat["data.data_dir"] = os.path.realpath(ROOT / used)
+    return flat
+
+
+def config_differences(have: dict, want: dict, have_is: str, want_is: str) -> str:
+    """The keys (but :data:`RESUME_FREE_KEYS`) on which two flat configs differ, the first four shown with both
+    values; empty when they agree."""
+    differ = sorted(k for k in set(want) | set(have) if k not in RESUME_FREE_KEYS and want.get(k) != have.get(k))
+    shown = ", ".join(f"{k}: {have.get(k)!r} {have_is}, {want.get(k)!r} {want_is}" for k in differ[:4])
+    return shown + (", ..." if len(differ) > 4 else "")
+
+
+def data_dir_of(command: str) -> str | None:
+    """The ``--data-dir`` of a recorded ``rlattention fit`` command, None without one."""
+    parts = shlex.split(command)
+    return parts[parts.index("--data-dir") + 1] if "--data-dir" in parts else None
+
+
+def shared_record(row: Row, seed: int, data_dir: str | None, out: Path, extra: Sequence[str]) -> dict | None:
+    """The record of ``row`` (a row with ``same_as``) for ``seed``: the other study's record of that row and seed,
+    when it has one, as this row's (``reused_from`` names where it comes from); None while it has none. A
+    :class:`ValueError` naming the differing keys when the two rows no longer build the same config."""
+    study, other = row.same_as
+    source = out.parent / study / "runs.jsonl"
+    theirs = [r for r in _records(source) if r["row"] == other and r["seed"] == seed]
+    if not theirs:
+        return None
+    rec = theirs[-1]
+    mine = [o.format(seed=seed, work="") for o in row.overrides] + list(extra)
+    want = resolved_config(row.config, mine, data_dir)
+    have = resolved_config(rec["config"], rec["overrides"], data_dir_of(rec["command"]))
+    differ = config_differences(have, want, f"in {study}'s {other}", f"in {row.name}")
+    if differ:
+        raise ValueError(
+            f"row {row.name} is declared the same as {study}'s {other} ({source}), but its config differs: {differ}; "
+            "fix the row's definition (it is not run twice)"
+        )
+    return {**rec, "row": row.name, "reused_from": {"study": study, "row": other, "runs": str(source)}}
+
+
 def resume_state(
     run_dir: Path, config: str, overrides: Sequence[str], data_dir: str | None = None
 ) -> tuple[dict | None, str]:
@@ -143,9 +200,7 @@ def resume_state(
     repository, where the runs start; the run records it as an absolute path) build now; else ``(None, why not)``. A
     :class:`~rlattention.engine.rundir.RunFolderBusy` when another process holds the folder's lock (it still
     trains: the study stops rather than move a live run aside)."""
-    from rlattention.data.registry import resolve_data_dir
     from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
-    from rlattention.engine.config import load_config, to_dict
     from rlattention.engine.rundir import lock_run_dir
 
     lock = lock_run_dir(run_dir, record_pid=False)  # RunFolderBusy while a process trains in it
@@ -159,17 +214,13 @@ def resume_state(
         ckpt = load_checkpoint_file(ckpt_path)
     except CheckpointError as e:
         return None, str(e)
-    cfg = load_config(ROOT / config, list(overrides))
-    used = resolve_data_dir(data_dir or cfg.data.data_dir)
-    want = _flat(to_dict(cfg))
+    want = resolved_config(config, overrides, data_dir)
     have = _flat(ckpt["config"])
-    if used is not None:  # one folder however it is spelled
-        want["data.data_dir"] = os.path.realpath(ROOT / used)
+    if want.get("data.data_dir"):  # set (resolved) when a data folder is used: one folder however it is spelled
         have["data.data_dir"] = os.path.realpath(ROOT / str(have.get("data.data_dir")))
-    differ = sorted(k for k in set(want) | set(have) if k not in RESUME_FREE_KEYS and want.get(k) != have.get(k))
+    differ = config_differences(have, want, "in the checkpoint", "now")
     if differ:
-        shown = ", ".join(f"{k}: {have.get(k)!r} in the checkpoint, {want.get(k)!r} now" for k in differ[:4])
-        return None, f"its config differs from the row's ({shown}{', ...' if len(differ) > 4 else ''})"
+        return None, f"its config differs from the row's ({differ})"
     progress = ckpt.get("progress")
     if not isinstance(progress, dict):
         return None, f"{ckpt_path} holds no training progress"
@@ -248,7 +299,11 @@ def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
     Candidates without records are left out and named; ``None`` when none has records."""
     key = row.select_key
     by_seed = {
-        name: {r["seed"]: r["report"][key] for r in records if r["row"] == name and key in r["report"]}
+        name: {
+            r["seed"]: r["report"][key]
+            for r in records
+            if r["row"] == name and key in r["report"] and (not row.select_seeds or r["seed"] in row.select_seeds)
+        }
         for name in row.candidates
     }
     ran = {name: vals for name, vals in by_seed.items() if vals}
@@ -267,6 +322,23 @@ def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
         )
     note = f" (not yet run: {', '.join(unrun)})" if unrun else ""
     return best, f"{best}, chosen on validation: the mean {row.select_key} over {over} of {listed}{note}"
+
+
+def waits_for(row: Row, seed: int, rows: Sequence[Row], records: list[dict]) -> str:
+    """Why ``row`` (a candidate of a row with ``select_seeds``) does not run ``seed`` yet, empty when it can: a seed
+    outside the comparison runs only for the chosen candidate, once every candidate has run every compared seed."""
+    parent = next((r for r in rows if row.name in r.candidates), None)
+    if parent is None or not parent.select_seeds or seed in parent.select_seeds:
+        return ""
+    done = {(r["row"], r["seed"]) for r in records}
+    missing = [f"{c} seed {s}" for c in parent.candidates for s in parent.select_seeds if (c, s) not in done]
+    if missing:
+        return f"it waits for the comparison of {parent.name}'s candidates ({', '.join(missing)} not yet run)"
+    chosen = select_candidate(parent, records)
+    if chosen is not None and chosen[0] != row.name:
+        seeds = ", ".join(map(str, parent.select_seeds))
+        return f"{parent.name} chose {chosen[0]} on validation of seed(s) {seeds}: only the chosen runs other seeds"
+    return ""
 
 
 def summarise(
@@ -310,6 +382,7 @@ def summarise(
                 "note": row.note,
                 **({"selection": row.selection} if row.selection else {}),
                 **({"selection": pick[1], "selected_from": source} if pick else {}),
+                **({"same_as": f"{row.same_as[0]}/{row.same_as[1]}"} if row.same_as else {}),
             }
         )
     short = []
@@ -320,10 +393,11 @@ def summarise(
         have = {r["seed"] for r in records if r["row"] == (pick[0] if pick else row.name)}
         if not set(seeds) <= have:
             short.append(f"{row.name} ({len(have & set(seeds))} of {len(seeds)} seeds)")
+        need = set(row.select_seeds or seeds)  # the chosen candidate needs every seed (checked above)
         for name in row.candidates:  # a row chosen among candidates is partial while one of them has not run
             ran = {r["seed"] for r in records if r["row"] == name}
-            if not set(seeds) <= ran:
-                short.append(f"{row.name}'s candidate {name} ({len(ran & set(seeds))} of {len(seeds)} seeds)")
+            if not need <= ran:
+                short.append(f"{row.name}'s candidate {name} ({len(ran & need)} of {len(need)} seeds)")
     if short:
         description += "; PARTIAL, not yet run to its budget: " + ", ".join(short)
     doc = {
@@ -353,6 +427,7 @@ def summarise(
         name = r["name"] if r["issue_row"] else f"_{r['name']}_"
         how = "chosen on validation" if "chosen on validation" in r.get("selection", "") else "the only candidate run"
         note = r["note"] + (f" (= {r['selected_from']}, {how})" if r.get("selected_from") else "")
+        note += f" (the runs of {r['same_as']}: the same config)" if r.get("same_as") else ""
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {first}: {per_seed} | {secs:.0f} | {note} |")
     lines += ["", "Rows in italics are variants we tried besides the issue's rows.", "", f"Machine: {doc['machine']}."]
     if extra_md:
@@ -398,20 +473,46 @@ def main(
     command = (script or f"python benchmarks/{study}.py") + (f" --data-dir {args.data_dir}" if args.data_dir else "")
     command += " --seeds " + " ".join(map(str, default_seeds))
     if not args.summary_only:
-        done = {(r["row"], r["seed"]) for r in _records(log)}
         wanted = set(args.rows or ())
         wanted |= {c for row in rows if row.name in wanted for c in row.candidates}  # a selected row: its candidates
-        for row in rows:
-            if row.candidates or (args.rows and row.name not in wanted):
-                continue
-            for seed in args.seeds:
-                if (row.name, seed) in done:
+        waiting: dict[tuple[str, int], str] = {}
+        ran_one = True
+        while ran_one:  # again after a run: it may complete a comparison that lets the chosen candidate go on
+            ran_one = False
+            records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in _records(log)]
+            done = {(r["row"], r["seed"]) for r in records}
+            for row in rows:
+                if row.candidates or (args.rows and row.name not in wanted):
                     continue
-                print(f"[{study}] {row.name} seed {seed} ...", flush=True)
-                rec = run_one(row, seed, args.data_dir, work, args.threads, args.overrides)
-                with log.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                print(f"[{study}] {row.name} seed {seed}: {metrics(in_percent(rec['report'], fraction_keys))}")
+                for seed in args.seeds:
+                    if (row.name, seed) in done:
+                        continue
+                    why = waits_for(row, seed, rows, records)
+                    if why:
+                        waiting[row.name, seed] = why
+                        continue
+                    if row.same_as:
+                        rec = shared_record(row, seed, args.data_dir, out, args.overrides)
+                        if rec is None:
+                            waiting[row.name, seed] = (
+                                f"it is {row.same_as[0]}'s {row.same_as[1]}, not yet run for seed {seed} (run that "
+                                f"study's row; this one copies its record)"
+                            )
+                            continue
+                        print(f"[{study}] {row.name} seed {seed}: the run of {row.same_as[0]}'s {row.same_as[1]}")
+                    else:
+                        print(f"[{study}] {row.name} seed {seed} ...", flush=True)
+                        rec = run_one(row, seed, args.data_dir, work, args.threads, args.overrides)
+                    with log.open("a") as f:
+                        f.write(json.dumps(rec) + "\n")
+                    print(f"[{study}] {row.name} seed {seed}: {metrics(in_percent(rec['report'], fraction_keys))}")
+                    waiting.pop((row.name, seed), None)
+                    ran_one = True
+                    break
+                if ran_one:
+                    break
+        for (name, seed), why in waiting.items():
+            print(f"[{study}] {name} seed {seed} not run: {why}", flush=True)
     records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in _records(log)]
     doc = summarise(study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds)
     if extra_md is not None:

@@ -98,3 +98,63 @@ def test_candidates_are_compared_on_the_seeds_they_share(study, tmp_path):
     # the mean over every recorded seed would have chosen b (a: 0.43)
     doc = study.summarise("s", rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
     assert next(r for r in doc["rows"] if r["name"] == "pick")["metrics"]["acc"] == [1.0, 1.0, 1.0]
+
+
+def seed_rows(study):
+    """``pick`` compares its candidates on seed 0 only; the other seeds run for the chosen candidate alone."""
+    return [
+        study.Row("pick", "configs/x.yaml", [], "chosen", candidates=("a", "b"), select_key="best_val",
+                  select_seeds=(0,)),
+        study.Row("a", "configs/x.yaml", [], "variant a", False),
+        study.Row("b", "configs/x.yaml", [], "variant b", False),
+    ]  # fmt: skip
+
+
+def run_seeds(study, tmp_path, monkeypatch, vals: dict[str, float], seeds: list[int]) -> list[tuple[str, int]]:
+    ran = []
+
+    def fake_run(row, seed, data_dir, work, threads, extra):
+        ran.append((row.name, seed))
+        return record(row.name, seed, vals[row.name], 1.0)
+
+    monkeypatch.setattr(study, "run_one", fake_run)
+    monkeypatch.setattr(study, "ROOT", tmp_path)
+    argv = ["--rows", "pick", "--seeds", *map(str, seeds), "--out", "out", "--work", "work"]
+    assert study.main("s", seed_rows(study), lambda r: r["test"], "d", argv, default_seeds=(0, 1, 2)) == 0
+    return ran
+
+
+@pytest.mark.parametrize("better", ["a", "b"])
+def test_only_the_candidate_chosen_on_the_compared_seeds_runs_the_others(study, tmp_path, monkeypatch, better):
+    """Both candidates run seed 0; the one with the better validation figure there runs seeds 1 and 2, the other
+    never does, whichever comes first in the rows; the summary is complete without the loser's other seeds."""
+    vals = {"a": 0.6, "b": 0.5} if better == "a" else {"a": 0.5, "b": 0.6}
+    ran = run_seeds(study, tmp_path, monkeypatch, vals, [0, 1, 2])
+    assert sorted(ran) == sorted([("a", 0), ("b", 0), (better, 1), (better, 2)])
+    doc = json.loads((tmp_path / "out" / "summary.json").read_text())
+    pick = next(r for r in doc["rows"] if r["name"] == "pick")
+    assert pick["selected_from"] == better and pick["seeds"] == [0, 1, 2]
+    assert "over seeds 0 of" in pick["selection"] and "PARTIAL" not in doc["description"]
+
+
+def test_other_seeds_wait_for_the_comparison(study, tmp_path, monkeypatch, capsys):
+    """Asked for seeds 1 and 2 before seed 0 has run, no candidate runs anything (no choice yet) and the study
+    says what it waits for; the summary is PARTIAL."""
+    assert run_seeds(study, tmp_path, monkeypatch, {"a": 0.6, "b": 0.5}, [1, 2]) == []
+    out = capsys.readouterr().out
+    assert "a seed 1 not run: it waits for the comparison of pick's candidates (a seed 0, b seed 0 not yet run)" in out
+    # seed 0 of both, then seeds 1 and 2 again: only the chosen one runs them
+    assert sorted(run_seeds(study, tmp_path, monkeypatch, {"a": 0.6, "b": 0.5}, [0])) == [("a", 0), ("b", 0)]
+    assert run_seeds(study, tmp_path, monkeypatch, {"a": 0.6, "b": 0.5}, [1, 2]) == [("a", 1), ("a", 2)]
+    assert "b seed 1 not run: pick chose a on validation of seed(s) 0" in capsys.readouterr().out
+
+
+def test_the_choice_ignores_seeds_outside_the_comparison(study, tmp_path):
+    """Both ran seed 1 too (e.g. before select_seeds was set), where b is far better: the choice still reads seed 0
+    only (the mean over seeds 0 and 1 would have chosen b)."""
+    recs = [record("a", 0, 0.6, 1.0), record("b", 0, 0.5, 2.0), record("a", 1, 0.1, 1.0), record("b", 1, 0.99, 2.0)]
+    pick, how = study.select_candidate(seed_rows(study)[0], recs)
+    assert pick == "a" and "over seeds 0 of" in how
+    doc = study.summarise("s", seed_rows(study), recs, lambda r: r["test"], "d", "cmd", tmp_path, seeds=(0, 1))
+    assert next(r for r in doc["rows"] if r["name"] == "pick")["selected_from"] == "a"
+    assert "PARTIAL" not in doc["description"]  # b needs no seed beyond the compared one
