@@ -37,7 +37,10 @@ class CNN(AttentionMethod):
         self.cfg = cfg
         C = info.image_shape[0]
         if cfg.backbone == "small":
-            self.backbone: nn.Module = SmallCNN(C, cfg.channels)
+            # conv weights in channels-last order: oneDNN's convolutions (forward and both gradients) then run without
+            # reordering, 1.4x faster a training step on the CPU (100 x 100, batch 128, 48/96/192 channels, one
+            # thread: 3.1 against 4.4 s); the same arithmetic (tests/methods/test_cnn_layout.py)
+            self.backbone: nn.Module = SmallCNN(C, cfg.channels).to(memory_format=torch.channels_last)
         else:
             self.backbone = Trunk(cfg.backbone, pretrained=cfg.pretrained, freeze=cfg.freeze, in_chans=C, pooled=True)
         self.head = nn.Sequential(
