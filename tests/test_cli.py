@@ -6,26 +6,14 @@ import json
 
 import pytest
 import torch
+from tiny_runs import tiny_ram
 
 from rlattention.cli import main
 from rlattention.engine.checkpoint import load_checkpoint_file
 
-TINY = [
-    "data.name=digits",
-    "data.num_train=384",
-    "data.val_size=128",
-    "data.num_test=192",
-    "data.canvas_size=32",
-    "model.num_glimpses=3",
-    "model.hidden_size=64",
-    "model.glimpse_dim=64",
-    "trainer.batch_size=64",
-    "trainer.eval_batch_size=100",
-    "trainer.log_every=2",
-    "trainer.progress=false",
-    "trainer.num_threads=1",
-    "eval.viz_images=2",
-]
+TINY = tiny_ram(
+    train=384, val=128, test=192, glimpses=3, hidden=64, batch=64, eval_batch=100, viz=2, extra=["trainer.log_every=2"]
+)
 
 
 def _fit(tmp_path, name, *extra):

@@ -32,7 +32,11 @@ def source_record(study, row, seed: int, work: Path, data_dir: str = DATA) -> di
         "config": row.config,
         "overrides": [o.format(seed=seed, work=work) for o in row.overrides],
         "command": shlex.join(argv),
-        "report": {"test": {"accuracy": 90.0 + seed, "error": 10.0 - seed}, "best_val_accuracy": 91.0, "train_seconds": 1.0},
+        "report": {
+            "test": {"accuracy": 90.0 + seed, "error": 10.0 - seed},
+            "best_val_accuracy": 91.0,
+            "train_seconds": 1.0,
+        },
     }
 
 

@@ -9,27 +9,13 @@ import shutil
 
 import pytest
 import torch
+from tiny_runs import tiny_ram
 
 from rlattention.engine.checkpoint import load_checkpoint_file
 from rlattention.engine.config import load_config
 from rlattention.engine.trainer import fit
 
-TINY = [
-    "data.name=digits",
-    "data.num_train=160",
-    "data.val_size=32",
-    "data.num_test=32",
-    "data.canvas_size=28",
-    "model.num_glimpses=2",
-    "model.hidden_size=16",
-    "model.glimpse_dim=16",
-    "trainer.batch_size=32",
-    "trainer.max_steps=3",
-    "trainer.progress=false",
-    "trainer.num_threads=1",
-    "trainer.deterministic=false",
-    "eval.viz_images=0",
-]
+TINY = tiny_ram(train=160, canvas=28, batch=32, extra=["trainer.max_steps=3", "trainer.deterministic=false"])
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")

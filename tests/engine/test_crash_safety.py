@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import tiny_ram
 
 from rlattention.cli import main
 from rlattention.engine import trainer
@@ -26,25 +27,21 @@ from rlattention.methods.ram import RAM
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "ram_digits.yaml"
 # 512 / 32 = 16 steps per epoch, 64 steps in all; `last` every 3 steps, so mid-epoch checkpoints are resumed from
-TINY = [
-    "data.num_train=512",
-    "data.val_size=64",
-    "data.num_test=64",
-    "data.canvas_size=32",
-    "model.num_glimpses=2",
-    "model.hidden_size=32",
-    "model.glimpse_dim=32",
-    "optim.lr=0.01",
-    "trainer.batch_size=32",
-    "trainer.eval_batch_size=64",
-    "trainer.epochs=4",
-    "trainer.num_threads=1",
-    "trainer.checkpoint_every=3",
-    "trainer.deterministic=true",
-    "trainer.progress=false",
-    "trainer.log_every=4",
-    "eval.viz_images=0",
-]
+TINY = tiny_ram(
+    train=512,
+    val=64,
+    test=64,
+    hidden=32,
+    batch=32,
+    eval_batch=64,
+    extra=[
+        "optim.lr=0.01",
+        "trainer.epochs=4",
+        "trainer.checkpoint_every=3",
+        "trainer.deterministic=true",
+        "trainer.log_every=4",
+    ],
+)
 STEPS = 64
 LOG_EVERY = 4
 TIMEOUT = 120  # seconds for one child run (a loaded machine); the runs take a few seconds

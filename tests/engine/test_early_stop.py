@@ -11,6 +11,7 @@ import signal
 import pytest
 import torch
 from lightning.fabric import Fabric
+from tiny_runs import tiny_ram
 
 from rlattention.data.registry import build_dataset
 from rlattention.engine import stopping, trainer
@@ -20,20 +21,7 @@ from rlattention.engine.evaluate import evaluate
 from rlattention.engine.trainer import Progress, TrainingInterrupted, fit
 from rlattention.methods.ram import RAM
 
-TINY = [  # 2 steps per epoch: a run of 10 epochs takes about a second
-    "data.name=digits",
-    "data.num_train=64",
-    "data.val_size=32",
-    "data.num_test=32",
-    "data.canvas_size=32",
-    "model.num_glimpses=2",
-    "model.hidden_size=16",
-    "model.glimpse_dim=16",
-    "trainer.batch_size=32",
-    "trainer.progress=false",
-    "trainer.num_threads=1",
-    "eval.viz_images=0",
-]
+TINY = tiny_ram(batch=32)  # 2 steps per epoch: a run of 10 epochs takes about a second
 METRIC = RAM.selection_metric[0]  # accuracy, max
 
 

@@ -6,27 +6,14 @@ import json
 
 import pytest
 import torch
+from tiny_runs import tiny_ram
 
 from rlattention.engine.checkpoint import load_checkpoint_file
 from rlattention.engine.config import load_config
 from rlattention.engine.trainer import TrainingDiverged, fit
 from rlattention.methods.ram import RAM
 
-TINY = [
-    "data.name=digits",
-    "data.num_train=256",
-    "data.val_size=64",
-    "data.num_test=64",
-    "data.canvas_size=32",
-    "model.num_glimpses=2",
-    "model.hidden_size=32",
-    "model.glimpse_dim=32",
-    "trainer.batch_size=32",
-    "trainer.progress=false",
-    "trainer.num_threads=1",
-    "eval.viz_images=0",
-    "trainer.log_every=1",
-]
+TINY = tiny_ram(train=256, val=64, test=64, hidden=32, batch=32, extra=["trainer.log_every=1"])
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

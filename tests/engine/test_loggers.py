@@ -12,28 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import tiny_ram
 
 from rlattention.cli import main
 from rlattention.engine.config import ConfigError
 from rlattention.engine.loggers import WANDB_MISSING, WandbLogger, check_wandb_project
 
-TINY = [
-    "data.name=digits",
-    "data.num_train=64",
-    "data.val_size=32",
-    "data.num_test=32",
-    "data.canvas_size=32",
-    "model.num_glimpses=2",
-    "model.hidden_size=16",
-    "model.glimpse_dim=16",
-    "trainer.batch_size=16",
-    "trainer.eval_batch_size=64",
-    "trainer.max_steps=2",
-    "trainer.progress=false",
-    "trainer.num_threads=1",
-    "trainer.log_every=1",
-    "eval.viz_images=2",
-]
+TINY = tiny_ram(eval_batch=64, viz=2, extra=["trainer.max_steps=2", "trainer.log_every=1"])
 
 
 @pytest.fixture(autouse=True)

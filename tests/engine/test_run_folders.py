@@ -19,28 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import tiny_ram
 
 from rlattention.cli import main
 from rlattention.engine.checkpoint import load_checkpoint_file
 from rlattention.engine.rundir import check_run_name, resolve_resume
 
-TINY = [
-    "data.name=digits",
-    "data.num_train=64",
-    "data.val_size=32",
-    "data.num_test=32",
-    "data.canvas_size=32",
-    "model.num_glimpses=2",
-    "model.hidden_size=16",
-    "model.glimpse_dim=16",
-    "trainer.batch_size=16",
-    "trainer.eval_batch_size=64",
-    "trainer.max_steps=2",
-    "trainer.progress=false",
-    "trainer.num_threads=1",
-    "trainer.log_every=1",
-    "eval.viz_images=0",
-]
+TINY = tiny_ram(eval_batch=64, extra=["trainer.max_steps=2", "trainer.log_every=1"])
 
 
 @pytest.fixture(autouse=True)

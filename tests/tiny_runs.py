@@ -1,0 +1,42 @@
+"""The override list of a tiny training run, shared by the tests that train one: RAM on the drawn digits (no data
+folder), one thread, no progress bar, sizes small enough for seconds. Each test picks its sizes; what every such
+run has in common lives here once. Importable from every test folder (pytest puts ``tests/``, the folder of the root
+conftest, on ``sys.path``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def tiny_ram(
+    *,
+    train: int = 64,
+    val: int = 32,
+    test: int = 32,
+    canvas: int = 32,
+    glimpses: int = 2,
+    hidden: int = 16,
+    batch: int = 16,
+    eval_batch: int | None = None,
+    viz: int = 0,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """``key=value`` overrides (on top of the defaults or of ``configs/ram_digits.yaml``) of a RAM run on ``train``
+    drawn digits (``val`` validation, ``test`` test images) of ``canvas`` pixels, ``glimpses`` glimpses, hidden and
+    glimpse sizes ``hidden``, batch ``batch``; ``viz`` figure images; ``extra`` appended as they are."""
+    return [
+        "data.name=digits",
+        f"data.num_train={train}",
+        f"data.val_size={val}",
+        f"data.num_test={test}",
+        f"data.canvas_size={canvas}",
+        f"model.num_glimpses={glimpses}",
+        f"model.hidden_size={hidden}",
+        f"model.glimpse_dim={hidden}",
+        f"trainer.batch_size={batch}",
+        *([f"trainer.eval_batch_size={eval_batch}"] if eval_batch else []),
+        "trainer.progress=false",
+        "trainer.num_threads=1",
+        f"eval.viz_images={viz}",
+        *extra,
+    ]
