@@ -14,22 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_runs import tiny_ram
+from tiny_runs import RESUMABLE
 
 from rlattention.engine.checkpoint import load_checkpoint_file
 from rlattention.engine.rundir import RunFolderBusy, lock_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 # 512 / 32 = 16 steps an epoch, 4 epochs; `last` every 3 steps, so a kill lands after a checkpoint, mid-run
-TINY = tiny_ram(
-    train=512,
-    val=64,
-    test=64,
-    hidden=32,
-    batch=32,
-    eval_batch=64,
-    extra=["optim.lr=0.01", "trainer.epochs=4", "trainer.checkpoint_every=3", "trainer.deterministic=true"],
-)
+TINY = RESUMABLE
 TIMEOUT = 180
 
 

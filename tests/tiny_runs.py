@@ -40,3 +40,17 @@ def tiny_ram(
         f"eval.viz_images={viz}",
         *extra,
     ]
+
+
+#: the run the crash-and-resume tests kill and continue: 512 / 32 = 16 steps an epoch, 64 steps in all, ``last``
+#: saved every 3 steps (so mid-epoch checkpoints are resumed from), deterministic (a continued run must equal an
+#: uninterrupted one)
+RESUMABLE = tiny_ram(
+    train=512,
+    val=64,
+    test=64,
+    hidden=32,
+    batch=32,
+    eval_batch=64,
+    extra=["optim.lr=0.01", "trainer.epochs=4", "trainer.checkpoint_every=3", "trainer.deterministic=true"],
+)

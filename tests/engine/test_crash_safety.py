@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import tiny_ram
+from tiny_runs import RESUMABLE
 
 from rlattention.cli import main
 from rlattention.engine import trainer
@@ -26,22 +26,8 @@ from rlattention.methods.ram import RAM
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "ram_digits.yaml"
-# 512 / 32 = 16 steps per epoch, 64 steps in all; `last` every 3 steps, so mid-epoch checkpoints are resumed from
-TINY = tiny_ram(
-    train=512,
-    val=64,
-    test=64,
-    hidden=32,
-    batch=32,
-    eval_batch=64,
-    extra=[
-        "optim.lr=0.01",
-        "trainer.epochs=4",
-        "trainer.checkpoint_every=3",
-        "trainer.deterministic=true",
-        "trainer.log_every=4",
-    ],
-)
+# tiny_runs.RESUMABLE: 16 steps an epoch, 64 in all, `last` every 3 steps (mid-epoch checkpoints are resumed from)
+TINY = [*RESUMABLE, "trainer.log_every=4"]
 STEPS = 64
 LOG_EVERY = 4
 TIMEOUT = 120  # seconds for one child run (a loaded machine); the runs take a few seconds
