@@ -12,7 +12,8 @@ mean locations, one pass; the attack differentiates through the glimpse patches 
 checkpoint's figures are recorded in ``benchmarks/results/unified_pgd/runs.jsonl`` once all its epsilons are done,
 so the same command continues an interrupted table and picks up rows or seeds the source study adds later.
 
-Study ``unified_pgd``: rows named as the source study's rows; metrics ``accuracy_clean`` and ``accuracy_eps<E>``
+Study ``unified_pgd`` (another ``--source``: ``unified_pgd_<source>``, e.g. ``--source unified_cluttered100`` writes
+``benchmarks/results/unified_pgd_cluttered100``; a study is named after its folder): rows named as the source study's rows; metrics ``accuracy_clean`` and ``accuracy_eps<E>``
 (percent, test images), and ``kept_eps<E>`` (the accuracy under attack as a percentage of the clean accuracy).
 """
 
@@ -34,6 +35,7 @@ from study import ROOT, Row, _records, run_dir_of, summarise
 EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 STEPS = 10
 STUDY = "unified_pgd"
+DEFAULT_SOURCE = "unified_cluttered60"
 
 
 def eval_argv(checkpoint: Path, data_dir: str | None, limit: int, epsilon: float | None) -> list[str]:
@@ -166,13 +168,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data-dir")
     ap.add_argument(
         "--source",
-        default="unified_cluttered60",
+        default=DEFAULT_SOURCE,
         help="the study whose checkpoints are attacked (benchmarks/results/SOURCE), or a folder with its runs.jsonl",
     )
     ap.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
     ap.add_argument("--limit", type=int, default=1000, help="the first N test images")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=f"benchmarks/results/{STUDY}")
+    ap.add_argument(
+        "--out",
+        help=f"the table's folder, whose name is the study's (default: benchmarks/results/{STUDY} for the default "
+        f"source, else benchmarks/results/{STUDY}_<source without 'unified_'>, e.g. {STUDY}_cluttered100)",
+    )
     ap.add_argument("--summary-only", action="store_true")
     args = ap.parse_args(argv)
     if any(e <= 0 for e in args.epsilons) or args.limit <= 0:
@@ -182,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sources = _records(source_log)
     if not sources:
         sys.exit(f"{source_log}: no finished runs of {args.source} to attack (run benchmarks/unified_study.py first)")
-    out = ROOT / args.out
+    default_out = STUDY if args.source == DEFAULT_SOURCE else f"{STUDY}_{folder.name.removeprefix('unified_')}"
+    out = ROOT / (args.out or f"benchmarks/results/{default_out}")
+    study = out.name  # the results schema names a study after its folder
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     wanted = settings(args.limit, args.epsilons)
@@ -192,28 +200,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         for src in sources:
             if (src["row"], src["seed"]) in done:
                 continue
-            print(f"[{STUDY}] {src['row']} seed {src['seed']} ...", flush=True)
+            print(f"[{study}] {src['row']} seed {src['seed']} ...", flush=True)
             rec = evaluate_run(src, args.data_dir, args.limit, args.epsilons, args.threads)
             with log.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
-            print(f"[{STUDY}] {src['row']} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
+            print(f"[{study}] {src['row']} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
     names = list(dict.fromkeys(r["row"] for r in sources))
     rows = [Row(n, next(r["config"] for r in sources if r["row"] == n), note=f"{args.source} row {n}") for n in names]
     command = f"nice -n 10 python benchmarks/unified_pgd.py --source {args.source}"
     command += (f" --data-dir {args.data_dir}" if args.data_dir else "") + f" --limit {args.limit} --epsilons "
-    command += " ".join(f"{e:g}" for e in args.epsilons)
+    command += " ".join(f"{e:g}" for e in args.epsilons) + (f" --out {args.out}" if args.out else "")
     description = (
         f"test accuracy under L-inf PGD ({STEPS} steps of epsilon/4, mean locations) of every row and seed of "
         f"{args.source}, its best.ckpt (chosen on validation), the first {args.limit} test images; the 'train s' "
         "column is the time of a checkpoint's attacks"
     )
     seeds = sorted({r["seed"] for r in sources})
-    doc = summarise(STUDY, rows, records, metrics, description, command, out, primary="accuracy_clean", seeds=seeds)
+    doc = summarise(study, rows, records, metrics, description, command, out, primary="accuracy_clean", seeds=seeds)
     if doc["rows"]:
         draw(doc, out)
         extra = table_md(doc) + "\n\n![accuracy against epsilon](figures/pgd_accuracy.png)"
-        summarise(STUDY, rows, records, metrics, description, command, out, extra, "accuracy_clean", seeds)
+        summarise(study, rows, records, metrics, description, command, out, extra, "accuracy_clean", seeds)
     print((out / "summary.md").read_text())
     return 0
 

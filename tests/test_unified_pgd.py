@@ -80,6 +80,15 @@ def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, 
     with pytest.raises(SystemExit, match="cnn seed 0 was attacked with .*'epsilons': \\[0.3\\]"):
         pgd.main(other)  # other budgets would not share the table: refused, the records untouched
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
+    # another source's table lives in a folder of its own, and its study is named after that folder
+    other_out = out.parent / "unified_pgd_tiny"
+    other_out.mkdir()
+    (other_out / "runs.jsonl").write_text((out / "runs.jsonl").read_text())
+    argv = ["--source", str(source), "--out", str(other_out), "--epsilons", "0.3", "--limit", "64", "--summary-only"]
+    assert pgd.main(argv) == 0
+    other_doc = json.loads((other_out / "summary.json").read_text())
+    assert other_doc["study"] == "unified_pgd_tiny" and other_doc["rows"][0]["metrics"] == row["metrics"]
+    assert f"--out {other_out}" in other_doc["command"]
     checker = ROOT.parent / "shared" / "tools" / "check_results.py"
     if checker.is_file():  # the schema of ../shared/RESULTS.md, as the project's own check reads it
         proc = subprocess.run([sys.executable, str(checker), str(tmp_path / "project")], capture_output=True, text=True)
