@@ -13,8 +13,9 @@ checkpoint's figures are recorded in ``benchmarks/results/unified_pgd/runs.jsonl
 so the same command continues an interrupted table and picks up rows or seeds the source study adds later.
 
 Study ``unified_pgd`` (another ``--source``: ``unified_pgd_<source>``, e.g. ``--source unified_cluttered100`` writes
-``benchmarks/results/unified_pgd_cluttered100``; a study is named after its folder): rows named as the source study's rows; metrics ``accuracy_clean`` and ``accuracy_eps<E>``
-(percent, test images), and ``kept_eps<E>`` (the accuracy under attack as a percentage of the clean accuracy).
+``benchmarks/results/unified_pgd_cluttered100``; a study is named after its folder): rows named as the source
+study's rows; metrics ``accuracy_clean`` and ``accuracy_eps<E>`` (percent, test images), and ``kept_eps<E>`` (the
+accuracy under attack as a percentage of the clean accuracy).
 """
 
 from __future__ import annotations
