@@ -164,6 +164,16 @@ def draw(doc: dict, out: Path) -> Path:
     return path
 
 
+def row_order(source: str, recorded_rows: Sequence[str]) -> list[str]:
+    """The recorded rows in the order the source study defines them (benchmarks/unified_study.py), not the order
+    their runs finished; rows that study does not define (another source) follow in the order they were recorded."""
+    from unified_study import STUDIES
+
+    present = list(dict.fromkeys(recorded_rows))
+    defined = [row.name for row in STUDIES[source].rows] if source in STUDIES else []
+    return [n for n in defined if n in present] + [n for n in present if n not in defined]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir")
@@ -207,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f.write(json.dumps(rec) + "\n")
             print(f"[{study}] {src['row']} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
-    names = list(dict.fromkeys(r["row"] for r in sources))
+    names = row_order(folder.name, [r["row"] for r in sources])
     rows = [Row(n, next(r["config"] for r in sources if r["row"] == n), note=f"{args.source} row {n}") for n in names]
     command = f"nice -n 10 python benchmarks/unified_pgd.py --source {args.source}"
     command += (f" --data-dir {args.data_dir}" if args.data_dir else "") + f" --limit {args.limit} --epsilons "

@@ -93,3 +93,12 @@ def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, 
     if checker.is_file():  # the schema of ../shared/RESULTS.md, as the project's own check reads it
         proc = subprocess.run([sys.executable, str(checker), str(tmp_path / "project")], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_rows_in_the_source_studys_order(pgd):
+    # unified_cluttered100's rows finished ram, topdown, entropy_context, entropy, then cnn: the table lists them
+    # as the study defines them; rows of an unknown source keep their recorded order
+    finished = ["ram", "topdown", "entropy_context", "entropy", "cnn", "ram"]
+    assert pgd.row_order("unified_cluttered100", finished) == ["cnn", "ram", "topdown", "entropy", "entropy_context"]
+    assert pgd.row_order("unified_cluttered100", ["entropy", "ram"]) == ["ram", "entropy"]
+    assert pgd.row_order("source", ["b", "a", "b", "c"]) == ["b", "a", "c"]
