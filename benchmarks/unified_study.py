@@ -321,11 +321,13 @@ def budget_check(
     window: int = WINDOW,
     min_gain: float = MIN_GAIN,
     starts: dict[str, int] | None = None,
+    unstopped: Sequence[str] = (),
 ) -> str:
     """Markdown: for each run, whether the best validation accuracy of its last ``window`` epochs is less than
     ``min_gain`` points above its best before them (stopped improving; a gain of exactly ``min_gain`` up to float
     rounding counts as improving, as in the trainer), and the epoch at which early stopping (monitored from
-    ``starts[name]``, default 0) ends it."""
+    ``starts[name]``, default 0) ends it. The runs named in ``unstopped`` trained without early stopping (a
+    learning-rate schedule to its horizon): for them the epoch is where the rule would have ended them."""
     from rlattention.engine.stopping import improved
 
     if not curves:
@@ -343,7 +345,12 @@ def budget_check(
         still = improved(max(curve[-window:]), max(curve[:-window]), "max", min_gain)
         verdict = "NOT met: still improving at the cap" if still else "met: stopped improving"
         stop = stop_epoch(curve, window, min_gain, (starts or {}).get(name, 0))
-        when = f"early stopping ends it after epoch {stop}" if stop else "early stopping would not have"
+        if name in unstopped:  # trained to its cap: the rule is only replayed
+            when = "trained to its cap without early stopping, " + (
+                f"which would have ended it after epoch {stop}" if stop else "which would not have ended it"
+            )
+        else:
+            when = f"early stopping ends it after epoch {stop}" if stop else "early stopping would not have"
         best = max(range(len(curve)), key=curve.__getitem__) + 1
         lines.append(
             f"- {name}: {len(curve)} epochs, best {max(curve):.2f} at epoch {best}, gain of the last "
@@ -354,7 +361,7 @@ def budget_check(
 
 def budget_md(doc: dict) -> str:
     """:func:`budget_check` of every run of a summary (their run folders from the recorded commands)."""
-    curves, starts = {}, {}
+    curves, starts, unstopped = {}, {}, []
     for row in doc["rows"]:
         for seed, command in zip(row["seeds"], row["commands"], strict=True):
             curve = validation_curve(run_dir_of(command))
@@ -362,8 +369,12 @@ def budget_md(doc: dict) -> str:
                 name = f"{row.get('selected_from', row['name'])} seed {seed}"
                 curves[name] = curve
                 opts = dict(p.split("=", 1) for p in shlex.split(command) if p.startswith("trainer.") and "=" in p)
-                starts[name] = int(opts.get("trainer.early_stop_start_epoch", 0))
-    return budget_check(curves, starts=starts)
+                if int(opts.get("trainer.early_stop_patience", 0)) > 0:
+                    starts[name] = int(opts.get("trainer.early_stop_start_epoch", 0))
+                else:  # a schedule's horizon: replay the rule from the start the study gives its capped rows
+                    unstopped.append(name)
+                    starts[name] = start_epoch(int(opts.get("trainer.epochs", len(curve))))
+    return budget_check(curves, starts=starts, unstopped=unstopped)
 
 
 # ------------------------------------------------------------------------------------------------ the figures

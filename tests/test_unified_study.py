@@ -89,3 +89,14 @@ def test_the_summary_judges_a_run_as_the_trainer_stopped_it(study):
     assert study.stop_epoch(falling) == 11
     assert study.stop_epoch(falling, start=12) == 22  # epoch 12 is the first reference
     assert "ends it after epoch 22" in study.budget_check({"run": falling}, starts={"run": 12})
+
+
+def test_a_run_without_early_stopping_is_not_said_to_be_stopped(study):
+    """A cosine run trains to its horizon: its line says so and where the rule, replayed, would have ended it."""
+    falling = [60.0 - i for i in range(30)]
+    text = study.budget_check({"cos": falling, "stop": falling}, starts={"cos": 12, "stop": 12}, unstopped=["cos"])
+    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
+    assert "trained to its cap without early stopping, which would have ended it after epoch 22" in lines["- cos"]
+    assert "early stopping ends it after epoch 22" in lines["- stop"]
+    rising = [50.0 + i for i in range(20)]
+    assert "which would not have ended it" in study.budget_check({"cos": rising}, unstopped=["cos"])
