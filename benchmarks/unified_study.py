@@ -85,12 +85,13 @@ generation and the test (10-20 s, measured without figures; ``cnn`` 1.5-4 min):
     cluttered60  topdown        57 ms   24.0 s  1.4 s       140   59 min         yes
     cluttered60  entropy        66 ms   27.7 s  1.5 s       140   68 min         yes
     cluttered60  entropy_ctx    64 ms   26.8 s  1.4 s       140   66 min         yes (and each unified_beta2 row)
-    mnist ram                   21 ms   8.7-9.0 s  0.3 s    200   31 min         yes (x 2 candidates)
-    mnist entropy               21 ms   9.1 s   0.4 s       200   32 min         yes (x 2 candidates)
-    mnist entropy_context       23 ms   9.8-10.1 s  0.3 s   200   35 min         yes (x 2 candidates)
+    mnist ram                   21 ms   8.7-9.0 s  0.3 s    200   31 min         yes (x 3 candidates)
+    mnist entropy               21 ms   9.1 s   0.4 s       200   32 min         yes (x 3 candidates)
+    mnist entropy_context       23 ms   9.8-10.1 s  0.3 s   200   35 min         yes (x 3 candidates)
 
 Totals on one thread: unified_cluttered100 7.5 h (one seed); unified_cluttered60 5.8 h a seed, 17.4 h for three;
-unified_mnist 3.3 h a seed (6 candidate rows), 9.8 h for three; unified_beta2 4.4 h a seed, 13.2 h for three. Two
+unified_mnist 8.2 h (9 candidate runs on seed 0, then the 3 chosen rows on seeds 1 and 2: 15 runs of
+about 33 min); unified_beta2 4.4 h a seed, 13.2 h for three. Two
 processes with disjoint ``--rows`` on the 2 cores halve the wall time.
 
 Caps: the attention rows of both cluttered studies and of unified_beta2 train 140 epochs, the most that the slowest
