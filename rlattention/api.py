@@ -117,6 +117,7 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
 
 
 def _load_checkpoint(path: Path) -> AttentionMethod:
+    from rlattention.engine.averaging import evaluation_weights
     from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
 
     ckpt = load_checkpoint_file(path, map_location="cpu")
@@ -127,8 +128,9 @@ def _load_checkpoint(path: Path) -> AttentionMethod:
         info = DataInfo.from_record(ckpt["data_info"], f"{path}: data_info")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    info = get_method(cfg.method).data_info_from_state(info, ckpt["model"])
-    return _build(cfg, info, ckpt["model"], _checkpoint_progress(ckpt, cfg), path)
+    weights = evaluation_weights(ckpt)  # averaged where the run averaged them (trainer.ema_decay)
+    info = get_method(cfg.method).data_info_from_state(info, weights)
+    return _build(cfg, info, weights, _checkpoint_progress(ckpt, cfg), path)
 
 
 def _checkpoint_progress(ckpt: dict, cfg: ExperimentConfig) -> float:

@@ -79,6 +79,10 @@ class TrainerConfig:
     # epsilon decay over the first 30% of the steps, should be over before a plateau means anything)
     early_stop_start_epoch: int = 0
     checkpoint_every: int = 0  # also save `last` every this many steps (0: at epoch ends only)
+    # > 0: an exponential moving average of the trained weights with this decay (e.g. 0.999: about the last 1,000
+    # steps) is what validation selects and the test, figures and exports evaluate (rlattention/engine/averaging.py);
+    # checkpoints keep the trained weights too. 0: off
+    ema_decay: float = 0.0
     progress: bool = True
     wandb: str = ""  # a W&B project: also log there (offline unless $WANDB_MODE; pip install "rlattention[wandb]")
     deterministic: bool = False  # torch.use_deterministic_algorithms

@@ -10,6 +10,7 @@ import torch
 from lightning.fabric import Fabric
 
 from rlattention.data.registry import build_dataset, resolve_data_dir
+from rlattention.engine.averaging import evaluation_weights
 from rlattention.engine.checkpoint import load_checkpoint_file, load_model_state
 from rlattention.engine.config import ExperimentConfig, from_dict
 from rlattention.engine.distributed import (
@@ -57,10 +58,11 @@ def _build_for_eval(
     setup = _setup_group(fabric, cfg.trainer.setup_timeout_minutes)  # None with one process
     with _rank_zero_first(setup):  # rank 0 writes any cache; the others then read it
         splits = build_dataset(cfg.data.name, cfg.data, data_dir or cfg.data.data_dir)
+    weights = evaluation_weights(ckpt)  # averaged where the run averaged them (trainer.ema_decay)
     model = get_method(cfg.method).from_checkpoint(
-        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)), ckpt["model"]
+        cfg.model, DataInfo(splits.image_shape, splits.num_classes, dict(splits.meta)), weights
     )
-    load_model_state(model, ckpt["model"], path)  # all of the weights, or a one-line error naming the keys
+    load_model_state(model, weights, path)  # all of the weights, or a one-line error naming the keys
     model.set_progress(_checkpoint_progress(ckpt, cfg, len(splits.train)))  # schedules (sigma, epsilon) as trained
     if setup is not None:  # the others built the data after rank 0: meet before the next (timed) collective
         setup.barrier()

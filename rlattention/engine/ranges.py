@@ -69,6 +69,7 @@ RANGES: dict[str, Range] = {
     "trainer.early_stop_min_delta": AT_LEAST_0,
     "trainer.early_stop_start_epoch": AT_LEAST_0,
     "trainer.checkpoint_every": AT_LEAST_0,
+    "trainer.ema_decay": Range(0, 1, hi_open=True),  # 0: off
     "trainer.pk_instances": AT_LEAST_1,
     "trainer.collective_timeout_minutes": Range(0, 7 * 24 * 60, lo_open=True),  # at most a week
     "trainer.setup_timeout_minutes": Range(0, 7 * 24 * 60, lo_open=True),  # at most a week

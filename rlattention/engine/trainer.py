@@ -30,7 +30,14 @@ from tqdm.auto import tqdm
 from rlattention.data.base import DataSplits
 from rlattention.data.registry import build_dataset, resolve_data_dir
 from rlattention.engine import stopping
-from rlattention.engine.checkpoint import AtomicCheckpointIO, check_resumable, load_checkpoint_file, load_model_state
+from rlattention.engine.averaging import EMA_KEY, WeightAverage, evaluation_weights
+from rlattention.engine.checkpoint import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    check_resumable,
+    load_checkpoint_file,
+    load_model_state,
+)
 from rlattention.engine.config import ExperimentConfig, to_dict
 from rlattention.engine.distributed import (  # noqa: F401  (re-exported: the names importers used before)
     CollectiveTimeout,
@@ -331,6 +338,8 @@ class Trainer:
             self.setup_group.barrier()  # the first training collective (DDP's broadcast of the weights) starts
         self.model, self.optimizer = fabric.setup(model, optimizer)
         self.raw = _unwrap(self.model)
+        # trainer.ema_decay > 0: the moving average of the weights, which validation, the test and exports evaluate
+        self.average = WeightAverage(self.raw, tc.ema_decay) if tc.ema_decay > 0 else None
         if resume_path is not None:
             self._resume(resume_path)
         else:
@@ -372,8 +381,12 @@ class Trainer:
         return loader
 
     def _state(self) -> dict[str, Any]:
-        """What a checkpoint holds of the run besides its config, random streams and data shape."""
-        return dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, progress=self.progress)
+        """What a checkpoint holds of the run besides its config, random streams and data shape (``ema``: the
+        averaged weights, with ``trainer.ema_decay`` > 0)."""
+        state = dict(model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, progress=self.progress)
+        if self.average is not None:
+            state[EMA_KEY] = self.average
+        return state
 
     def _resume(self, resume_path: Path) -> None:
         """Model, optimiser, scheduler, progress and every rank's random streams from ``resume_path``; the run's
@@ -381,7 +394,16 @@ class Trainer:
         checkpoint are about to be logged again) brought to that point."""
         fabric, p, cfg = self.fabric, self.progress, self.cfg
         state = self._state()
+        state.pop(EMA_KEY, None)  # loaded below from what is left: a checkpoint of a run without it has none
         rest = fabric.load(resume_path, state, strict=True)  # restores model, optimizer and scheduler in place
+        if self.average is not None:
+            if isinstance(rest.get(EMA_KEY), dict):
+                try:
+                    self.average.load_state_dict(rest[EMA_KEY])
+                except ValueError as e:
+                    raise CheckpointError(f"{resume_path}: {e}") from None
+            elif fabric.global_rank == 0:  # trainer.ema_decay set on resume: the average starts here
+                fabric.print(f"{resume_path} holds no weight average: trainer.ema_decay starts it from its weights")
         loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
         p.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
         if fabric.global_rank == 0:
@@ -452,6 +474,8 @@ class Trainer:
         if self.cfg.optim.grad_clip > 0:
             self.fabric.clip_gradients(self.model, self.optimizer, max_norm=self.cfg.optim.grad_clip)
         self.optimizer.step()
+        if self.average is not None:
+            self.average.update()
         self.scheduler.step()
         self.progress.step += 1
         self.progress.epoch_step += 1
@@ -495,7 +519,10 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """The validation metrics, logged; a better selection metric saves ``best``; an early stop ends training."""
         p, fabric, tc = self.progress, self.fabric, self.tc
-        metrics = evaluate(fabric, self.model, self.splits.val, tc.eval_batch_size, 0, self.cfg.eval.seed, tc.progress)
+        with self.average.swapped_in() if self.average is not None else contextlib.nullcontext():
+            metrics = evaluate(
+                fabric, self.model, self.splits.val, tc.eval_batch_size, 0, self.cfg.eval.seed, tc.progress
+            )
         fabric.log_dict({f"val/{k}": v for k, v in metrics.items()}, step=p.step)
         value = metrics[self.metric_name]
         better = (lambda a, b: a > b) if self.mode == "max" else (lambda a, b: a < b)
@@ -538,9 +565,11 @@ class Trainer:
         """The model selected on validation (``best.ckpt``, with the schedules of that point), evaluated once on
         ``eval.split``; returns that split and its metrics (logged)."""
         best_path = self.ckpt_dir / "best.ckpt"
-        if best_path.is_file():
-            load_model_state(self.raw, load_checkpoint_file(best_path)["model"], best_path)  # all of it, or an error
+        if best_path.is_file():  # all of its weights (averaged, with trainer.ema_decay), or an error
+            load_model_state(self.raw, evaluation_weights(load_checkpoint_file(best_path)), best_path)
             self.raw.set_progress(min(1.0, self.progress.best_step / max(1, self.total_steps)))
+        elif self.average is not None:  # never validated: the last weights, averaged
+            load_model_state(self.raw, {**self.raw.state_dict(), **self.average.weights}, "the weight average")
         ec, tc = self.cfg.eval, self.tc
         split = self.splits.test if ec.split == "test" else self.splits.val
         metrics = evaluate(self.fabric, self.model, split, tc.eval_batch_size, ec.mc_samples, ec.seed, tc.progress)

@@ -1,0 +1,109 @@
+"""An exponential moving average of the trained weights (``trainer.ema_decay``), the weights a run evaluates.
+
+With ``trainer.ema_decay = d > 0`` every optimiser step moves the average ``a`` of each trained (``requires_grad``)
+floating-point parameter ``w`` toward it: ``a <- a + (1 - d_n) (w - a)`` with ``d_n = min(d, (1 + n) / (10 + n))``
+after ``n`` earlier updates. The warm-up ``d_n`` keeps the first steps from being dominated by the initial weights (the
+average then starts as a short window and widens to ``1 / (1 - d)`` steps). Buffers and frozen parameters are not
+averaged: the evaluated model takes them from the trained one.
+
+Validation (and so the choice of ``best.ckpt``), the final test, figures, exports and every evaluation of a checkpoint
+(:func:`evaluation_weights`) use the averaged weights. A checkpoint keeps the trained weights in ``model`` (a resume
+continues them) and the average in ``ema``.
+
+The update is one fused ``torch._foreach_lerp_`` over the parameter list; :func:`reference_update` is its plain,
+slow statement, which the tests compare it with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+#: the checkpoint entry that holds the average (absent when ``trainer.ema_decay`` is 0)
+EMA_KEY = "ema"
+
+
+def warmup_decay(decay: float, updates: int) -> float:
+    """The decay of update number ``updates + 1``: ``min(decay, (1 + updates) / (10 + updates))``."""
+    return min(decay, (1.0 + updates) / (10.0 + updates))
+
+
+def reference_update(average: dict[str, torch.Tensor], params: dict[str, torch.Tensor], decay: float) -> None:
+    """The slow statement of one update: ``a = decay * a + (1 - decay) * w`` for each name, in float64."""
+    for name, a in average.items():
+        w = params[name].detach().to(torch.float64)
+        a.copy_((decay * a.to(torch.float64) + (1.0 - decay) * w).to(a.dtype))
+
+
+class WeightAverage:
+    """The moving average of ``module``'s trained floating-point parameters (see the module docstring).
+
+    ``state_dict``/``load_state_dict`` make it a checkpointed object like the optimiser: ``{"decay", "updates",
+    "weights"}``, ``weights`` keyed by the parameters' names in ``module.state_dict()``."""
+
+    def __init__(self, module: torch.nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"trainer.ema_decay must be in (0, 1) to average weights, got {decay}")
+        self.module, self.decay, self.updates = module, float(decay), 0
+        self.names = [n for n, p in module.named_parameters() if p.requires_grad and p.is_floating_point()]
+        if not self.names:
+            raise ValueError("trainer.ema_decay > 0, but the model has no trained floating-point parameter to average")
+        params = dict(module.named_parameters())
+        self._live = [params[n] for n in self.names]
+        self.weights = {n: p.detach().clone() for n, p in zip(self.names, self._live, strict=True)}
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """One step of the average toward the module's current weights."""
+        d = warmup_decay(self.decay, self.updates)
+        torch._foreach_lerp_(list(self.weights.values()), [p.detach() for p in self._live], 1.0 - d)
+        self.updates += 1
+
+    @contextlib.contextmanager
+    @torch.no_grad()
+    def swapped_in(self) -> Iterator[None]:
+        """The module holds the averaged weights inside the block and its trained ones again after it (also on an
+        error)."""
+        trained = [p.detach().clone() for p in self._live]
+        try:
+            for p, a in zip(self._live, self.weights.values(), strict=True):
+                p.copy_(a)
+            yield
+        finally:
+            for p, w in zip(self._live, trained, strict=True):
+                p.copy_(w)
+
+    def state_dict(self) -> dict[str, Any]:
+        weights = {n: a.clone() for n, a in self.weights.items()}
+        return {"decay": self.decay, "updates": self.updates, "weights": weights}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        weights = state.get("weights") if isinstance(state, dict) else None
+        if not isinstance(weights, dict) or set(weights) != set(self.names):
+            got = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
+            raise ValueError(
+                f"the checkpoint's '{EMA_KEY}' entry does not average this model's trained parameters "
+                f"(expected {len(self.names)} names such as {self.names[:3]}, got {str(got)[:200]})"
+            )
+        for n, a in self.weights.items():
+            w = weights[n]
+            if not isinstance(w, torch.Tensor) or w.shape != a.shape:
+                shape = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+                raise ValueError(
+                    f"the checkpoint's '{EMA_KEY}' weight {n!r} is {shape}, the model's is {list(a.shape)}"
+                )
+            a.copy_(w)
+        self.updates = int(state.get("updates", 0))
+
+
+def evaluation_weights(ckpt: dict) -> dict:
+    """The weights a checkpoint is evaluated with: its ``model`` entry, with the averaged parameters of its ``ema``
+    entry (when the run averaged weights) in place of the trained ones."""
+    state = ckpt["model"]
+    ema = ckpt.get(EMA_KEY)
+    if not isinstance(ema, dict) or not isinstance(state, dict):
+        return state
+    return {**state, **ema.get("weights", {})}
