@@ -214,8 +214,13 @@ def resume_state(
         ckpt = load_checkpoint_file(ckpt_path)
     except CheckpointError as e:
         return None, str(e)
+    from rlattention.engine.config import ConfigError, from_dict, to_dict
+
     want = resolved_config(config, overrides, data_dir)
-    have = _flat(ckpt["config"])
+    try:  # through today's schema: a key added since the checkpoint was written reads as its default
+        have = _flat(to_dict(from_dict(ckpt["config"], source=f"{ckpt_path} (config)")))
+    except ConfigError as e:
+        return None, f"its config no longer fits the schema ({e})"
     if want.get("data.data_dir"):  # set (resolved) when a data folder is used: one folder however it is spelled
         have["data.data_dir"] = os.path.realpath(ROOT / str(have.get("data.data_dir")))
     differ = config_differences(have, want, "in the checkpoint", "now")

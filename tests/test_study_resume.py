@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_runs import RESUMABLE
 
 from rlattention.engine.checkpoint import load_checkpoint_file
@@ -110,6 +111,25 @@ def test_a_run_left_under_another_config_is_kept_aside_with_its_log(study, row, 
     kept = load_checkpoint_file(aside / "checkpoints" / "last.ckpt")
     assert kept["progress"]["step"] == killed_at
     assert all((kept["model"][k] == v).all() for k, v in weights.items())  # untouched
+
+
+def test_a_checkpoint_written_before_a_config_key_existed_is_continued(study, row, data_dir, tmp_path):
+    """A key the schema gained since (here trainer.ema_decay, whose default changes nothing) reads as its default;
+    set to another value by the row, it differs."""
+    killed_at = _killed_run(study, row, tmp_path, data_dir)
+    last = tmp_path / "tiny_s0" / "checkpoints" / "last.ckpt"
+    ckpt = load_checkpoint_file(last)
+    del ckpt["config"]["trainer"]["ema_decay"]
+    torch.save(ckpt, last)
+    fixed = study.fit_argv(row, 0, None, tmp_path, 1, [])[4:-2]
+    progress, why = study.resume_state(tmp_path / "tiny_s0", row.config, fixed, data_dir)
+    assert progress is not None and progress["step"] == killed_at and why == ""
+    progress, why = study.resume_state(tmp_path / "tiny_s0", row.config, [*fixed, "trainer.ema_decay=0.5"], data_dir)
+    assert progress is None and "trainer.ema_decay: 0.0 in the checkpoint, 0.5 now" in why
+    ckpt["config"]["trainer"]["no_such_key"] = 1
+    torch.save(ckpt, last)
+    progress, why = study.resume_state(tmp_path / "tiny_s0", row.config, fixed, data_dir)
+    assert progress is None and "no longer fits the schema" in why and "no_such_key" in why
 
 
 def test_what_cannot_be_continued_says_why(study, row, tmp_path):
