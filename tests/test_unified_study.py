@@ -56,6 +56,25 @@ def test_rows_are_the_issues_with_configs_that_load(study, name):
         assert (weights["beta2_0"], weights["beta2_001"], weights["beta2_01"]) == (0.0, 0.01, 0.1)
 
 
+def test_the_mnist_candidates_differ_from_the_cosine_run_in_one_switch_each(study):
+    """``<row>_lr1e3_cosine_center`` and ``<row>_lr1e3_cosine_ema`` are the cosine candidate with one key changed."""
+    from rlattention.engine.config import load_config, to_dict
+
+    rows = {r.name: r for r in study.STUDIES["unified_mnist"].rows}
+
+    def flat(name):
+        cfg = to_dict(load_config(ROOT / rows[name].config, rows[name].overrides))
+        return {f"{s}.{k}": v for s, sec in cfg.items() if isinstance(sec, dict) for k, v in sec.items()}
+
+    for name in study.MNIST_CONFIGS:
+        assert rows[name].candidates == tuple(f"{name}_{c}" for c in ("paper", *study.MNIST_VARIANTS))
+        cosine = flat(f"{name}_lr1e3_cosine")
+        assert (cosine["optim.lr"], cosine["optim.schedule"], cosine["trainer.ema_decay"]) == (1e-3, "cosine", 0.0)
+        for variant, key, value in (("center", "model.init_location", "center"), ("ema", "trainer.ema_decay", 0.999)):
+            other = flat(f"{name}_lr1e3_cosine_{variant}")
+            assert {k for k in cosine if cosine[k] != other[k]} == {key} and other[key] == value
+
+
 def test_metric_is_the_test_error_in_percent(study):
     report = {"test": {"accuracy": 87.5, "error": 12.5}, "best_val_accuracy": 90.0}
     assert study.metrics(report) == {"test_error": 12.5, "val_error": 10.0}
