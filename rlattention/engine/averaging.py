@@ -4,7 +4,9 @@ With ``trainer.ema_decay = d > 0`` every optimiser step moves the average ``a`` 
 floating-point parameter ``w`` toward it: ``a <- a + (1 - d_n) (w - a)`` with ``d_n = min(d, (1 + n) / (10 + n))``
 after ``n`` earlier updates. The warm-up ``d_n`` keeps the first steps from being dominated by the initial weights (the
 average then starts as a short window and widens to ``1 / (1 - d)`` steps). Buffers and frozen parameters are not
-averaged: the evaluated model takes them from the trained one.
+averaged: the evaluated model takes them from the trained one. BatchNorm's running statistics are therefore those of
+the trained weights, not recomputed for the average (as SWA's ``update_bn`` would): the trainer says so when the
+model has such layers.
 
 Validation (and so the choice of ``best.ckpt``), the final test, figures, exports and every evaluation of a checkpoint
 (:func:`evaluation_weights`) use the averaged weights. A checkpoint keeps the trained weights in ``model`` (a resume
@@ -42,24 +44,35 @@ class WeightAverage:
     """The moving average of ``module``'s trained floating-point parameters (see the module docstring).
 
     ``state_dict``/``load_state_dict`` make it a checkpointed object like the optimiser: ``{"decay", "updates",
-    "weights"}``, ``weights`` keyed by the parameters' names in ``module.state_dict()``."""
+    "weights"}``, ``weights`` keyed by the parameters' names in ``module.state_dict()``: a parameter the module
+    holds under several names (a shared backbone) appears under each of them, so that a checkpoint's evaluation
+    weights (:func:`evaluation_weights`) replace every copy. Half-precision parameters (``trainer.precision``
+    ``bf16-true`` or ``16-true``) are averaged in float32: a step of ``1 - d`` = 0.001 would round away in bf16."""
 
     def __init__(self, module: torch.nn.Module, decay: float) -> None:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"trainer.ema_decay must be in (0, 1) to average weights, got {decay}")
         self.module, self.decay, self.updates = module, float(decay), 0
-        self.names = [n for n, p in module.named_parameters() if p.requires_grad and p.is_floating_point()]
-        if not self.names:
+        aliases: dict[int, list[str]] = {}  # id(parameter) -> its names, the first as named_parameters() gives it
+        live: dict[int, torch.nn.Parameter] = {}
+        for n, p in module.named_parameters(remove_duplicate=False):
+            if p.requires_grad and p.is_floating_point():
+                aliases.setdefault(id(p), []).append(n)
+                live[id(p)] = p
+        if not aliases:
             raise ValueError("trainer.ema_decay > 0, but the model has no trained floating-point parameter to average")
-        params = dict(module.named_parameters())
-        self._live = [params[n] for n in self.names]
-        self.weights = {n: p.detach().clone() for n, p in zip(self.names, self._live, strict=True)}
+        self.names = [names[0] for names in aliases.values()]
+        self.aliases = {names[0]: names for names in aliases.values()}
+        self._live = [live[k] for k in aliases]
+        self.weights = {n: _averaged_copy(p) for n, p in zip(self.names, self._live, strict=True)}
 
     @torch.no_grad()
     def update(self) -> None:
         """One step of the average toward the module's current weights."""
         d = warmup_decay(self.decay, self.updates)
-        torch._foreach_lerp_(list(self.weights.values()), [p.detach() for p in self._live], 1.0 - d)
+        averages = list(self.weights.values())
+        ends = [p.detach().to(a.dtype) for p, a in zip(self._live, averages, strict=True)]
+        torch._foreach_lerp_(averages, ends, 1.0 - d)
         self.updates += 1
 
     @contextlib.contextmanager
@@ -77,26 +90,35 @@ class WeightAverage:
                 p.copy_(w)
 
     def state_dict(self) -> dict[str, Any]:
-        weights = {n: a.clone() for n, a in self.weights.items()}
+        weights = {alias: a.clone() for n, a in self.weights.items() for alias in self.aliases[n]}
         return {"decay": self.decay, "updates": self.updates, "weights": weights}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The average of a checkpoint, all of it or (a :class:`ValueError` naming what does not fit) none."""
         weights = state.get("weights") if isinstance(state, dict) else None
-        if not isinstance(weights, dict) or set(weights) != set(self.names):
+        expected = {alias for names in self.aliases.values() for alias in names}
+        if not isinstance(weights, dict) or not set(self.names) <= set(weights) or not set(weights) <= expected:
             got = sorted(weights) if isinstance(weights, dict) else type(weights).__name__
             raise ValueError(
                 f"the checkpoint's '{EMA_KEY}' entry does not average this model's trained parameters "
                 f"(expected {len(self.names)} names such as {self.names[:3]}, got {str(got)[:200]})"
             )
-        for n, a in self.weights.items():
+        for n, a in self.weights.items():  # every shape checked before anything is copied
             w = weights[n]
             if not isinstance(w, torch.Tensor) or w.shape != a.shape:
                 shape = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
                 raise ValueError(
                     f"the checkpoint's '{EMA_KEY}' weight {n!r} is {shape}, the model's is {list(a.shape)}"
                 )
-            a.copy_(w)
+        for n, a in self.weights.items():
+            a.copy_(weights[n])
         self.updates = int(state.get("updates", 0))
+
+
+def _averaged_copy(p: torch.Tensor) -> torch.Tensor:
+    """The starting average of ``p``: a copy, in float32 when ``p`` is half precision."""
+    w = p.detach().clone()
+    return w.float() if w.dtype in (torch.float16, torch.bfloat16) else w
 
 
 def evaluation_weights(ckpt: dict) -> dict:

@@ -340,6 +340,12 @@ class Trainer:
         self.raw = _unwrap(self.model)
         # trainer.ema_decay > 0: the moving average of the weights, which validation, the test and exports evaluate
         self.average = WeightAverage(self.raw, tc.ema_decay) if tc.ema_decay > 0 else None
+        norms = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+        if self.average is not None and fabric.global_rank == 0 and any(isinstance(m, norms) for m in model.modules()):
+            fabric.print(
+                "trainer.ema_decay: the averaged weights are evaluated with the BatchNorm running statistics of the "
+                "trained ones (not recomputed for the average)"
+            )
         if resume_path is not None:
             self._resume(resume_path)
         else:

@@ -20,7 +20,7 @@ from rlattention.engine.averaging import EMA_KEY, WeightAverage, evaluation_weig
 from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
 from rlattention.engine.config import ConfigError, load_config
 from rlattention.engine.evaluate import evaluate
-from rlattention.engine.loading import evaluate_checkpoint
+from rlattention.engine.loading import evaluate_checkpoint, load_for_eval
 from rlattention.engine.trainer import TrainingInterrupted, fit
 
 TINY = tiny_ram(batch=32, extra=["optim.lr=0.01", "trainer.deterministic=true"])  # 2 steps an epoch
@@ -95,9 +95,52 @@ def test_a_state_that_does_not_fit_is_refused_by_name():
         avg.load_state_dict({**state, "weights": {**state["weights"], "weight": torch.zeros(4, 3)}})
     with pytest.raises(ValueError, match="does not average this model's trained parameters"):
         avg.load_state_dict({**state, "weights": {"weight": torch.zeros(2, 3)}})
+    bad_second = {"weight": torch.ones(2, 3), "bias": torch.zeros(5)}  # the first fits, the second does not
+    with pytest.raises(ValueError, match=r"'ema' weight 'bias' is \[5\]"):
+        avg.load_state_dict({**state, "weights": bad_second})
     assert all(torch.equal(before[n], avg.weights[n]) for n in before)  # nothing half-loaded
     with pytest.raises(ValueError, match=r"trainer.ema_decay must be in \(0, 1\)"):
         WeightAverage(torch.nn.Linear(3, 2), 1.0)
+
+
+def test_a_shared_parameter_is_averaged_once_and_evaluated_under_every_name():
+    """A module held under two names (darp's shared backbone): one average, written under both names, so that
+    loading a checkpoint's evaluation weights replaces both copies."""
+    net = torch.nn.Module()
+    net.photo = torch.nn.Linear(3, 2)
+    net.sketch = net.photo  # the same parameters under a second name
+    avg = WeightAverage(net, 0.5)
+    assert avg.names == ["photo.weight", "photo.bias"] and len(avg._live) == 2
+    with torch.no_grad():
+        net.photo.weight.add_(1.0)
+    avg.update()
+    state = avg.state_dict()
+    assert set(state["weights"]) == {"photo.weight", "photo.bias", "sketch.weight", "sketch.bias"}
+    fresh = torch.nn.Module()
+    fresh.photo = torch.nn.Linear(3, 2)
+    fresh.sketch = fresh.photo
+    fresh.load_state_dict(evaluation_weights({"model": net.state_dict(), EMA_KEY: state}))
+    assert torch.equal(fresh.photo.weight, avg.weights["photo.weight"])
+    assert not torch.equal(fresh.photo.weight, net.photo.weight)  # the average, not the trained weights
+    again = WeightAverage(fresh, 0.5)
+    again.load_state_dict(state)
+    assert torch.equal(again.weights["photo.weight"], avg.weights["photo.weight"])
+
+
+def test_half_precision_weights_are_averaged_in_float32():
+    """A step of 1 - d = 0.001 toward 1.2 from 1.0 is 0.0002, under half of bf16's spacing at 1 (0.0078)."""
+    module = torch.nn.Linear(4, 1, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    avg = WeightAverage(module, 0.999)
+    avg.updates = 10**6  # past the warm-up: every step has the decay 0.999
+    with torch.no_grad():
+        module.weight.fill_(1.2)
+    for _ in range(1000):
+        avg.update()
+    assert avg.weights["weight"].dtype == torch.float32
+    target = 1.0 + (1.2 - 1.0) * (1 - 0.999**1000)  # 1.2 is 1.203125 in bf16
+    assert float(avg.weights["weight"][0, 0]) == pytest.approx(target, abs=2e-3)
 
 
 def test_the_decay_is_range_checked():
@@ -146,6 +189,8 @@ def test_validation_and_test_evaluate_the_average_and_checkpoints_keep_both(tmp_
     assert again == pytest.approx(report["test"])
     loaded = load_model(run)
     assert torch.equal(dict(loaded.named_parameters())[name], best[EMA_KEY]["weights"][name])
+    _, model, _ = load_for_eval(run / "checkpoints" / "best.ckpt")  # rlattention eval and viz build with this
+    assert torch.equal(dict(model.named_parameters())[name], best[EMA_KEY]["weights"][name])
 
 
 def test_without_a_decay_nothing_changes(tmp_path, splits):
