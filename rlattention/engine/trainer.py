@@ -410,6 +410,11 @@ class Trainer:
                     raise CheckpointError(f"{resume_path}: {e}") from None
             elif fabric.global_rank == 0:  # trainer.ema_decay set on resume: the average starts here
                 fabric.print(f"{resume_path} holds no weight average: trainer.ema_decay starts it from its weights")
+        elif isinstance(rest.get(EMA_KEY), dict) and fabric.global_rank == 0:  # trainer.ema_decay=0 on resume
+            fabric.print(
+                f"{resume_path} holds a weight average, but trainer.ema_decay is 0: the run continues without it "
+                "(validation and the test evaluate the trained weights; best.ckpt keeps its average until replaced)"
+            )
         loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
         p.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
         if fabric.global_rank == 0:

@@ -251,3 +251,10 @@ def test_a_decay_set_on_resume_starts_the_average_there(tmp_path, splits, capsys
     assert report["epochs"] == 4
     assert "holds no weight average: trainer.ema_decay starts it from its weights" in capsys.readouterr().out
     assert load_checkpoint_file(tmp_path / "r" / "checkpoints" / "last.ckpt")[EMA_KEY]["updates"] == 4
+
+
+def test_a_resume_without_the_decay_says_it_drops_the_average(tmp_path, splits, capsys):
+    fit(_cfg(tmp_path, "r", "trainer.epochs=2", "trainer.ema_decay=0.9"), splits=splits)
+    fit(_cfg(tmp_path, "r", "trainer.epochs=3"), splits=splits, resume=tmp_path / "r")
+    assert "holds a weight average, but trainer.ema_decay is 0: the run continues without it" in capsys.readouterr().out
+    assert EMA_KEY not in load_checkpoint_file(tmp_path / "r" / "checkpoints" / "last.ckpt")
