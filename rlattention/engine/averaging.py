@@ -115,6 +115,42 @@ class WeightAverage:
         self.updates = int(state.get("updates", 0))
 
 
+_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def make_average(fabric: Any, module: torch.nn.Module, decay: float) -> WeightAverage | None:
+    """The trainer's average of ``module`` (None with ``decay`` 0); rank 0 says when BatchNorm layers will run with
+    the trained weights' statistics."""
+    if decay <= 0:
+        return None
+    if fabric.global_rank == 0 and any(isinstance(m, _NORMS) for m in module.modules()):
+        fabric.print(
+            "trainer.ema_decay: the averaged weights are evaluated with the BatchNorm running statistics of the "
+            "trained ones (not recomputed for the average)"
+        )
+    return WeightAverage(module, decay)
+
+
+def resume_average(fabric: Any, average: WeightAverage | None, saved: Any, source: Any) -> None:
+    """A resumed run's average from its checkpoint's entry ``saved`` (a :class:`CheckpointError` naming ``source``
+    when it does not fit); rank 0 says when the run starts an average (the checkpoint has none) or drops one
+    (``trainer.ema_decay`` is now 0)."""
+    from rlattention.engine.checkpoint import CheckpointError
+
+    if average is not None and isinstance(saved, dict):
+        try:
+            average.load_state_dict(saved)
+        except ValueError as e:
+            raise CheckpointError(f"{source}: {e}") from None
+    elif average is not None and fabric.global_rank == 0:
+        fabric.print(f"{source} holds no weight average: trainer.ema_decay starts it from its weights")
+    elif isinstance(saved, dict) and fabric.global_rank == 0:
+        fabric.print(
+            f"{source} holds a weight average, but trainer.ema_decay is 0: the run continues without it "
+            "(validation and the test evaluate the trained weights; best.ckpt keeps its average until replaced)"
+        )
+
+
 def _averaged_copy(p: torch.Tensor) -> torch.Tensor:
     """The starting average of ``p``: a copy, in float32 when ``p`` is half precision."""
     w = p.detach().clone()

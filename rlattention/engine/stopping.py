@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type hints only: the trainer imports this module
     from rlattention.engine.config import TrainerConfig
-    from rlattention.engine.trainer import Progress
+    from rlattention.engine.runprogress import Progress
 
 
 def improved(value: float, reference: float | None, mode: str, min_delta: float = 0.0) -> bool:

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,8 @@ from tqdm.auto import tqdm
 from rlattention.data.base import DataSplits
 from rlattention.data.registry import build_dataset, resolve_data_dir
 from rlattention.engine import stopping
-from rlattention.engine.averaging import EMA_KEY, WeightAverage, evaluation_weights
-from rlattention.engine.checkpoint import (
-    AtomicCheckpointIO,
-    CheckpointError,
-    check_resumable,
-    load_checkpoint_file,
-    load_model_state,
-)
+from rlattention.engine.averaging import EMA_KEY, evaluation_weights, make_average, resume_average
+from rlattention.engine.checkpoint import AtomicCheckpointIO, check_resumable, load_checkpoint_file, load_model_state
 from rlattention.engine.config import ExperimentConfig, to_dict
 from rlattention.engine.distributed import (  # noqa: F401  (re-exported: the names importers used before)
     CollectiveTimeout,
@@ -69,6 +62,7 @@ from rlattention.engine.rundir import (
     resolve_resume,
     write_text_nofollow,
 )
+from rlattention.engine.runprogress import Progress  # noqa: F401  (re-exported)
 from rlattention.engine.signals import STOP_SIGNALS, TrainingInterrupted, _agreed_signal, _interrupted, _StopSignals  # noqa: F401  (STOP_SIGNALS, TrainingInterrupted: re-exported)
 from rlattention.metrics import METRIC_UNITS
 from rlattention.progress import progress_bars
@@ -76,31 +70,6 @@ from rlattention.progress import progress_bars
 
 class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops, the last good checkpoint is kept."""
-
-
-@dataclass
-class Progress:
-    epoch: int = 0  # epochs completed
-    epoch_step: int = 0  # batches done in the current epoch (mid-epoch checkpoints)
-    step: int = 0  # optimiser steps done
-    best_value: float | None = None
-    best_epoch: int = -1
-    best_step: int = 0
-    stop_value: float | None = None  # early stopping (engine/stopping.py): the last value that counted as improving,
-    stop_epoch: int = -1  # its epoch,
-    stale_validations: int = 0  # and the validations since then that did not count
-    total_steps: int = 0  # optimiser steps the run is planned for (the schedules' horizon)
-    wall_time: float = 0.0  # seconds of training so far, across resumes
-
-    @property
-    def fraction(self) -> float:
-        return min(1.0, self.step / max(1, self.total_steps))
-
-    def state_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    def load_state_dict(self, d: dict) -> None:
-        self.__dict__.update(d)
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -338,14 +307,7 @@ class Trainer:
             self.setup_group.barrier()  # the first training collective (DDP's broadcast of the weights) starts
         self.model, self.optimizer = fabric.setup(model, optimizer)
         self.raw = _unwrap(self.model)
-        # trainer.ema_decay > 0: the moving average of the weights, which validation, the test and exports evaluate
-        self.average = WeightAverage(self.raw, tc.ema_decay) if tc.ema_decay > 0 else None
-        norms = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
-        if self.average is not None and fabric.global_rank == 0 and any(isinstance(m, norms) for m in model.modules()):
-            fabric.print(
-                "trainer.ema_decay: the averaged weights are evaluated with the BatchNorm running statistics of the "
-                "trained ones (not recomputed for the average)"
-            )
+        self.average = make_average(fabric, self.raw, tc.ema_decay)  # trainer.ema_decay > 0: what is evaluated
         if resume_path is not None:
             self._resume(resume_path)
         else:
@@ -402,19 +364,7 @@ class Trainer:
         state = self._state()
         state.pop(EMA_KEY, None)  # loaded below from what is left: a checkpoint of a run without it has none
         rest = fabric.load(resume_path, state, strict=True)  # restores model, optimizer and scheduler in place
-        if self.average is not None:
-            if isinstance(rest.get(EMA_KEY), dict):
-                try:
-                    self.average.load_state_dict(rest[EMA_KEY])
-                except ValueError as e:
-                    raise CheckpointError(f"{resume_path}: {e}") from None
-            elif fabric.global_rank == 0:  # trainer.ema_decay set on resume: the average starts here
-                fabric.print(f"{resume_path} holds no weight average: trainer.ema_decay starts it from its weights")
-        elif isinstance(rest.get(EMA_KEY), dict) and fabric.global_rank == 0:  # trainer.ema_decay=0 on resume
-            fabric.print(
-                f"{resume_path} holds a weight average, but trainer.ema_decay is 0: the run continues without it "
-                "(validation and the test evaluate the trained weights; best.ckpt keeps its average until replaced)"
-            )
+        resume_average(fabric, self.average, rest.get(EMA_KEY), resume_path)
         loaded = state["progress"]  # Fabric may hand back a copy (or a plain dict) rather than load in place
         p.load_state_dict(loaded if isinstance(loaded, dict) else loaded.state_dict())
         if fabric.global_rank == 0:
