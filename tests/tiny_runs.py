@@ -54,3 +54,22 @@ RESUMABLE = tiny_ram(
     eval_batch=64,
     extra=["optim.lr=0.01", "trainer.epochs=4", "trainer.checkpoint_every=3", "trainer.deterministic=true"],
 )
+
+
+def sigterm_at_step(monkeypatch, at: int) -> None:
+    """This process sends itself SIGTERM inside optimiser step ``at`` of the next run (1-based; the run stops at that
+    step's end and saves ``last``), by wrapping Fabric's backward pass."""
+    import os
+    import signal
+
+    from lightning.fabric import Fabric
+
+    real, calls = Fabric.backward, [0]
+
+    def backward(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Fabric, "backward", backward)

@@ -5,13 +5,11 @@ its selection metric is replaced by the script's next value), stopped, resumed a
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 import torch
 from lightning.fabric import Fabric
-from tiny_runs import tiny_ram
+from tiny_runs import sigterm_at_step, tiny_ram
 
 from rlattention.data.registry import build_dataset
 from rlattention.engine import stopping, trainer
@@ -195,19 +193,6 @@ def test_patience_0_trains_every_epoch(tmp_path, splits, monkeypatch, capsys):
     assert "early stop" not in capsys.readouterr().out
 
 
-def _signal_at_step(monkeypatch, at: int) -> None:
-    """This process sends itself SIGTERM inside optimiser step ``at`` (the run stops at that step's end)."""
-    real, calls = Fabric.backward, [0]
-
-    def backward(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == at:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Fabric, "backward", backward)
-
-
 def _interrupted_run(tmp_path, splits, monkeypatch) -> tuple:
     """The plateau run (patience 3) stopped by SIGTERM in the middle of epoch 5 (at step 9), after 4 validations:
     its config and scripted evaluation, to resume with."""
@@ -221,7 +206,7 @@ def _interrupted_run(tmp_path, splits, monkeypatch) -> tuple:
     ]
     cfg = load_config(None, [*TINY, *overrides])
     real_backward = Fabric.backward
-    _signal_at_step(monkeypatch, 9)
+    sigterm_at_step(monkeypatch, 9)
     with pytest.raises(TrainingInterrupted):
         fit(cfg, splits=splits)
     monkeypatch.setattr(Fabric, "backward", real_backward)

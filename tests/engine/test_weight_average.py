@@ -5,13 +5,10 @@ resumes to the uninterrupted one's average, bad entries are refused by name."""
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 import torch
 from lightning.fabric import Fabric
-from tiny_runs import tiny_ram
+from tiny_runs import sigterm_at_step, tiny_ram
 
 from rlattention import load_model
 from rlattention.data.registry import build_dataset
@@ -199,25 +196,12 @@ def test_without_a_decay_nothing_changes(tmp_path, splits):
     assert EMA_KEY not in ckpt and evaluation_weights(ckpt) is ckpt["model"]
 
 
-def _signal_at_step(monkeypatch, step: int) -> None:
-    """SIGTERM to this process during the backward pass of training step ``step`` (1-based)."""
-    real, calls = Fabric.backward, [0]
-
-    def backward(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == step:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Fabric, "backward", backward)
-
-
 def test_a_stopped_run_resumes_to_the_uninterrupted_runs_average(tmp_path, splits, monkeypatch):
     overrides = ("trainer.epochs=4", "trainer.ema_decay=0.9")
     reference = fit(_cfg(tmp_path, "ref", *overrides), splits=splits)
     cfg = _cfg(tmp_path, "r", *overrides)
     real_backward = Fabric.backward
-    _signal_at_step(monkeypatch, 5)
+    sigterm_at_step(monkeypatch, 5)
     with pytest.raises(TrainingInterrupted):
         fit(cfg, splits=splits)
     monkeypatch.setattr(Fabric, "backward", real_backward)
