@@ -530,7 +530,8 @@ class Trainer:
             load_model_state(self.raw, evaluation_weights(load_checkpoint_file(best_path)), best_path)
             self.raw.set_progress(min(1.0, self.progress.best_step / max(1, self.total_steps)))
         elif self.average is not None:  # never validated: the last weights, averaged
-            load_model_state(self.raw, {**self.raw.state_dict(), **self.average.weights}, "the weight average")
+            averaged = self.average.state_dict()["weights"]  # under every name of a shared parameter
+            load_model_state(self.raw, {**self.raw.state_dict(), **averaged}, "the weight average")
         ec, tc = self.cfg.eval, self.tc
         split = self.splits.test if ec.split == "test" else self.splits.val
         metrics = evaluate(self.fabric, self.model, split, tc.eval_batch_size, ec.mc_samples, ec.seed, tc.progress)

@@ -242,3 +242,24 @@ def test_a_resume_without_the_decay_says_it_drops_the_average(tmp_path, splits, 
     fit(_cfg(tmp_path, "r", "trainer.epochs=3"), splits=splits, resume=tmp_path / "r")
     assert "holds a weight average, but trainer.ema_decay is 0: the run continues without it" in capsys.readouterr().out
     assert EMA_KEY not in load_checkpoint_file(tmp_path / "r" / "checkpoints" / "last.ckpt")
+
+
+def test_without_a_best_checkpoint_the_test_evaluates_the_last_average(tmp_path, splits, monkeypatch):
+    """A finished run resumed after its best.ckpt was removed tests the average of last.ckpt, not its trained
+    weights."""
+    cfg = _cfg(tmp_path, "r", "trainer.epochs=2", "trainer.ema_decay=0.9")
+    fit(cfg, splits=splits)
+    run = tmp_path / "r"
+    (run / "checkpoints" / "best.ckpt").unlink()
+    tested = []
+
+    def recording(fabric, model, dataset, *args, **kwargs):
+        tested.append(next(iter(model.parameters())).detach().clone())
+        return evaluate(fabric, model, dataset, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "evaluate", recording)
+    fit(cfg, splits=splits, resume=run)
+    ckpt = load_checkpoint_file(run / "checkpoints" / "last.ckpt")
+    name = next(iter(ckpt[EMA_KEY]["weights"]))
+    assert len(tested) == 1 and torch.equal(tested[0], ckpt[EMA_KEY]["weights"][name])  # the test alone ran
+    assert not torch.equal(ckpt["model"][name], ckpt[EMA_KEY]["weights"][name])
