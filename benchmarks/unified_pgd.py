@@ -10,7 +10,9 @@ validation that the study tested) with ``rlattention eval CKPT --data-dir D --li
 ``... --attack pgd --epsilon E --step-size E/4 --steps 10`` for each E: the first N test images (1,000 by default),
 mean locations, one pass; the attack differentiates through the glimpse patches and the mean locations. A
 checkpoint's figures are recorded in ``benchmarks/results/unified_pgd/runs.jsonl`` once all its epsilons are done,
-so the same command continues an interrupted table and picks up rows or seeds the source study adds later.
+so the same command continues an interrupted table and picks up rows or seeds the source study adds later. A
+source run whose ``best.ckpt`` is gone (run folders live in ``runs/``, which does not outlive the machine that
+trained them) is skipped: the summary names it and the command exits with 1 after writing the rest.
 
 Study ``unified_pgd`` (another ``--source``: ``unified_pgd_<source>``, e.g. ``--source unified_cluttered100`` writes
 ``benchmarks/results/unified_pgd_cluttered100``; a study is named after its folder): rows named as the source
@@ -76,9 +78,25 @@ def metrics(report: dict) -> dict[str, float]:
     return out
 
 
+def checkpoint_of(source: dict) -> Path:
+    """The ``best.ckpt`` of a source study record (its run folder is read off the record's command)."""
+    return run_dir_of(source["command"]) / "checkpoints" / "best.ckpt"
+
+
+def missing_md(missing: Sequence[dict]) -> str:
+    """The summary's line on the source runs not attacked because their checkpoint is gone."""
+    if not missing:
+        return ""
+    runs = ", ".join(f"{m['row']} seed {m['seed']} ({checkpoint_of(m)})" for m in missing)
+    return (
+        f"Not attacked, their best.ckpt missing when this table was made (a run folder does not outlive the machine "
+        f"that trained it; re-run the source study's recorded command to recreate one): {runs}."
+    )
+
+
 def evaluate_run(source: dict, data_dir: str | None, limit: int, epsilons: Sequence[float], threads: int) -> dict:
     """One record: the clean and attacked accuracies of a source study record's ``best.ckpt``."""
-    ckpt = run_dir_of(source["command"]) / "checkpoints" / "best.ckpt"
+    ckpt = checkpoint_of(source)
     if not ckpt.is_file():
         raise FileNotFoundError(f"{ckpt} (row {source['row']}, seed {source['seed']}) is missing")
     t0 = time.time()
@@ -207,9 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = settings(args.limit, args.epsilons)
     done = recorded(_records(log), wanted, log)
     os.environ["STUDY_THREADS"] = str(args.threads)  # the summary's machine line (eval commands carry no threads)
+    missing = [s for s in sources if (s["row"], s["seed"]) not in done and not checkpoint_of(s).is_file()]
     if not args.summary_only:
         for src in sources:
-            if (src["row"], src["seed"]) in done:
+            if (src["row"], src["seed"]) in done or src in missing:
                 continue
             print(f"[{study}] {src['row']} seed {src['seed']} ...", flush=True)
             rec = evaluate_run(src, args.data_dir, args.limit, args.epsilons, args.threads)
@@ -232,8 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if doc["rows"]:
         draw(doc, out)
         extra = table_md(doc) + "\n\n![accuracy against epsilon](figures/pgd_accuracy.png)"
+        extra += "\n\n" + missing_md(missing) if missing else ""
         summarise(study, rows, records, metrics, description, command, out, extra, "accuracy_clean", seeds)
     print((out / "summary.md").read_text())
+    if missing:  # the table is written, but it is not the whole source study: say so, and in the exit status
+        print(f"[{study}] {missing_md(missing)}", file=sys.stderr)
+        return 1
     return 0
 
 

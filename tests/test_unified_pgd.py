@@ -76,6 +76,17 @@ def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, 
     assert "cnn seed 0 ..." not in capsys.readouterr().out
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
     assert "1 torch thread(s) per run" in doc["machine"]
+    # a source run whose folder is gone (the machine that trained it is not this one): the others are still
+    # tabulated, the gone one is named in the summary and the exit status says the table is not the whole study
+    gone = {**record, "row": "ram", "command": command.replace("cnn_s0", "ram_s0")}
+    (source / "runs.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(gone) + "\n")
+    assert pgd.main(argv) == 1
+    partial = (out / "summary.md").read_text()
+    assert "Not attacked" in partial and "ram seed 0" in partial and str(tmp_path / "ram_s0") in partial
+    assert [r["name"] for r in json.loads((out / "summary.json").read_text())["rows"]] == ["cnn"]
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 1
+    (source / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    assert pgd.main(argv) == 0
     other = ["--source", str(source), "--out", str(out), "--epsilons", "0.1", "--limit", "64"]
     with pytest.raises(SystemExit, match="cnn seed 0 was attacked with .*'epsilons': \\[0.3\\]"):
         pgd.main(other)  # other budgets would not share the table: refused, the records untouched
