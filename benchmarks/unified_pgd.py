@@ -12,7 +12,9 @@ mean locations, one pass; the attack differentiates through the glimpse patches 
 checkpoint's figures are recorded in ``benchmarks/results/unified_pgd/runs.jsonl`` once all its epsilons are done,
 so the same command continues an interrupted table and picks up rows or seeds the source study adds later. A
 source run whose ``best.ckpt`` is gone (run folders live in ``runs/``, which does not outlive the machine that
-trained them) is skipped: the summary names it and the command exits with 1 after writing the rest.
+trained them) is skipped: the summary names it and the command exits with 1 after writing the rest; with
+``--retrain-missing`` it is trained again first, by its recorded command and seed, and the summary gives the new
+checkpoint's test accuracy beside the recorded one.
 
 Study ``unified_pgd`` (another ``--source``: ``unified_pgd_<source>``, e.g. ``--source unified_cluttered100`` writes
 ``benchmarks/results/unified_pgd_cluttered100``; a study is named after its folder): rows named as the source
@@ -33,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from study import ROOT, Row, _records, run_dir_of, summarise
+from study import ROOT, Row, _records, fit_argv, run_dir_of, run_one, summarise
 
 EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 STEPS = 10
@@ -91,6 +93,43 @@ def missing_md(missing: Sequence[dict]) -> str:
     return (
         f"Not attacked, their best.ckpt missing when this table was made (a run folder does not outlive the machine "
         f"that trained it; re-run the source study's recorded command to recreate one): {runs}."
+    )
+
+
+def retrain(source: dict, data_dir: str | None, threads: int) -> dict:
+    """Train a source record's run again where its folder is gone: the same ``rlattention fit`` command (rebuilt from
+    the record and checked against its ``command``; only the thread count may differ), into the same folder (a killed
+    retraining is continued, as the study continues its runs). Returns what the PGD record keeps of it: the recorded
+    and the new test accuracy (equal when training reproduces; the attack is on the new checkpoint either way)."""
+    run_dir = run_dir_of(source["command"])
+    row = Row(source["row"], source["config"], list(source.get("overrides", [])))
+    argv = fit_argv(row, source["seed"], data_dir, run_dir.parent, threads, [])
+    recorded = shlex.split(source["command"])
+    if argv[:-1] != recorded[:-1]:  # the last word is trainer.num_threads
+        raise SystemExit(
+            f"{source['row']} seed {source['seed']}: cannot retrain, its recorded command\n  {source['command']}\n"
+            f"is not the one rebuilt from its record\n  {shlex.join(argv)}\n(another --data-dir?)"
+        )
+    print(f"[pgd] {run_dir}/checkpoints/best.ckpt is missing: training it again", flush=True)
+    new = run_one(row, source["seed"], data_dir, run_dir.parent, threads, [])
+    was, now = source["report"]["test"]["accuracy"], new["report"]["test"]["accuracy"]
+    print(f"[pgd] {source['row']} seed {source['seed']} retrained: test accuracy {now} (recorded {was})", flush=True)
+    return {"command": new["command"], "test_accuracy_recorded": was, "test_accuracy_retrained": now,
+            "wall_seconds": new["wall_seconds"]}  # fmt: skip
+
+
+def retrained_md(records: Sequence[dict]) -> str:
+    """The summary's line on the checkpoints that were trained again for this table, and whether they reproduced."""
+    again = [r for r in records if r.get("retrained")]
+    if not again:
+        return ""
+    runs = []
+    for r in again:
+        was, now = r["retrained"]["test_accuracy_recorded"], r["retrained"]["test_accuracy_retrained"]
+        runs.append(f"{r['row']} seed {r['seed']} ({'the same' if was == now else f'{now} against {was}'})")
+    return (
+        "Trained again for this table, their run folders being gone (`--retrain-missing`: the recorded command, the "
+        f"same seed), with the test accuracy of the new checkpoint against the recorded one: {', '.join(runs)}."
     )
 
 
@@ -209,6 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"source, else benchmarks/results/{STUDY}_<source without 'unified_'>, e.g. {STUDY}_cluttered100)",
     )
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument(
+        "--retrain-missing",
+        action="store_true",
+        help="train a source run again (its recorded command, the same seed) where its best.ckpt is gone, then attack "
+        "it; the summary gives its new test accuracy beside the recorded one",
+    )
     args = ap.parse_args(argv)
     if any(e <= 0 for e in args.epsilons) or args.limit <= 0:
         ap.error(f"--epsilons must be > 0 and --limit > 0, got {args.epsilons} and {args.limit}")
@@ -228,14 +273,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [s for s in sources if (s["row"], s["seed"]) not in done and not checkpoint_of(s).is_file()]
     if not args.summary_only:
         for src in sources:
-            if (src["row"], src["seed"]) in done or src in missing:
+            if (src["row"], src["seed"]) in done or (src in missing and not args.retrain_missing):
                 continue
+            again = retrain(src, args.data_dir, args.threads) if src in missing else None
             print(f"[{study}] {src['row']} seed {src['seed']} ...", flush=True)
             rec = evaluate_run(src, args.data_dir, args.limit, args.epsilons, args.threads)
+            rec.update({"retrained": again} if again else {})
             with log.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
             print(f"[{study}] {src['row']} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
+    attacked = {(r["row"], r["seed"]) for r in records}
+    missing = [s for s in sources if (s["row"], s["seed"]) not in attacked and not checkpoint_of(s).is_file()]
     names = row_order(folder.name, [r["row"] for r in sources])
     rows = [Row(n, next(r["config"] for r in sources if r["row"] == n), note=f"{args.source} row {n}") for n in names]
     command = f"nice -n 10 python benchmarks/unified_pgd.py --source {args.source}"
@@ -247,12 +296,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "column is the time of a checkpoint's attacks"
     )
     seeds = sorted({r["seed"] for r in sources})
-    doc = summarise(study, rows, records, metrics, description, command, out, primary="accuracy_clean", seeds=seeds)
+    notes = "\n\n".join(md for md in (retrained_md(records), missing_md(missing)) if md)
+    doc = summarise(study, rows, records, metrics, description, command, out, notes, "accuracy_clean", seeds)
     if doc["rows"]:
         draw(doc, out)
         extra = table_md(doc) + "\n\n![accuracy against epsilon](figures/pgd_accuracy.png)"
-        extra += "\n\n" + missing_md(missing) if missing else ""
-        summarise(study, rows, records, metrics, description, command, out, extra, "accuracy_clean", seeds)
+        summarise(
+            study,
+            rows,
+            records,
+            metrics,
+            description,
+            command,
+            out,
+            f"{extra}\n\n{notes}".strip(),
+            "accuracy_clean",
+            seeds,
+        )
     print((out / "summary.md").read_text())
     if missing:  # the table is written, but it is not the whole source study: say so, and in the exit status
         print(f"[{study}] {missing_md(missing)}", file=sys.stderr)

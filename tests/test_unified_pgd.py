@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,49 @@ def test_rows_in_the_source_studys_order(pgd):
     assert pgd.row_order("unified_cluttered100", finished) == ["cnn", "ram", "topdown", "entropy", "entropy_context"]
     assert pgd.row_order("unified_cluttered100", ["entropy", "ram"]) == ["ram", "entropy"]
     assert pgd.row_order("source", ["b", "a", "b", "c"]) == ["b", "a", "c"]
+
+
+def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(pgd, benchmark_module, tmp_path, capsys):
+    # the source study's record made as the study makes it (study.run_one), its run folder then deleted, as when
+    # the machine that trained it is gone: without --retrain-missing the table says so and exits 1; with it the run
+    # is trained again by its recorded command and seed, and (training being deterministic here) it reproduces
+    import yaml
+
+    study = benchmark_module("study")
+    config = tmp_path / "tiny.yaml"
+    nested: dict = {}
+    for item in [o for o in TINY if not o.startswith(("trainer.progress", "trainer.num_threads"))]:
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    config.write_text(yaml.safe_dump({**nested, "trainer": {**nested["trainer"], "epochs": 3}}))
+    work = tmp_path / "runs"
+    work.mkdir()
+    record = study.run_one(study.Row("cnn", str(config)), 0, None, work, 1, [])
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    shutil.rmtree(work / "cnn_s0")
+    out = tmp_path / "unified_pgd"
+    argv = ["--source", str(source), "--out", str(out), "--epsilons", "0.3", "--limit", "64"]
+    assert pgd.main(argv) == 1
+    assert "Not attacked" in (out / "summary.md").read_text() and not (out / "runs.jsonl").exists()
+    assert "cnn seed 0" in capsys.readouterr().err
+    assert pgd.main([*argv, "--retrain-missing"]) == 0
+    assert (work / "cnn_s0" / "checkpoints" / "best.ckpt").is_file()
+    (attack,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    again = attack["retrained"]
+    assert again["command"] == record["command"]
+    assert again["test_accuracy_retrained"] == again["test_accuracy_recorded"] == record["report"]["test"]["accuracy"]
+    summary = (out / "summary.md").read_text()
+    assert "Trained again for this table" in summary and "cnn seed 0 (the same)" in summary
+    assert "Not attacked" not in summary
+    # a record whose command cannot be rebuilt (another data folder) is refused, not trained into its folder
+    shutil.rmtree(work / "cnn_s0")
+    (out / "runs.jsonl").unlink()
+    with pytest.raises(SystemExit, match="cannot retrain"):
+        pgd.main([*argv, "--retrain-missing", "--data-dir", str(tmp_path)])
+    assert not (work / "cnn_s0").exists()
