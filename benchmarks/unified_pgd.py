@@ -92,7 +92,7 @@ def missing_md(missing: Sequence[dict]) -> str:
     runs = ", ".join(f"{m['row']} seed {m['seed']} ({checkpoint_of(m)})" for m in missing)
     return (
         f"Not attacked, their best.ckpt missing when this table was made (a run folder does not outlive the machine "
-        f"that trained it; re-run the source study's recorded command to recreate one): {runs}."
+        f"that trained it; `--retrain-missing` trains each again by its recorded command): {runs}."
     )
 
 
@@ -102,7 +102,8 @@ def retrain(source: dict, data_dir: str | None, threads: int) -> dict:
     retraining is continued, as the study continues its runs). Returns what the PGD record keeps of it: the recorded
     and the new test accuracy (equal when training reproduces; the attack is on the new checkpoint either way)."""
     run_dir = run_dir_of(source["command"])
-    row = Row(source["row"], source["config"], list(source.get("overrides", [])))
+    filled = [o.replace("{", "{{").replace("}", "}}") for o in source.get("overrides", [])]  # kept as recorded
+    row = Row(source["row"], source["config"], filled)
     argv = fit_argv(row, source["seed"], data_dir, run_dir.parent, threads, [])
     recorded = shlex.split(source["command"])
     if argv[:-1] != recorded[:-1]:  # the last word is trainer.num_threads
@@ -290,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = f"nice -n 10 python benchmarks/unified_pgd.py --source {args.source}"
     command += (f" --data-dir {args.data_dir}" if args.data_dir else "") + f" --limit {args.limit} --epsilons "
     command += " ".join(f"{e:g}" for e in args.epsilons) + (f" --out {args.out}" if args.out else "")
+    command += " --retrain-missing" if any(r.get("retrained") for r in records) else ""
     description = (
         f"test accuracy under L-inf PGD ({STEPS} steps of epsilon/4, mean locations) of every row and seed of "
         f"{args.source}, its best.ckpt (chosen on validation), the first {args.limit} test images; the 'train s' "

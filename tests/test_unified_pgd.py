@@ -154,6 +154,7 @@ def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(pgd
     summary = (out / "summary.md").read_text()
     assert "Trained again for this table" in summary and "cnn seed 0 (the same)" in summary
     assert "Not attacked" not in summary
+    assert json.loads((out / "summary.json").read_text())["command"].endswith("--retrain-missing")
     # a record whose command cannot be rebuilt (another data folder) is refused, not trained into its folder
     shutil.rmtree(work / "cnn_s0")
     (out / "runs.jsonl").unlink()
