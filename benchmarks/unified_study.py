@@ -373,13 +373,16 @@ def budget_check(
 
 
 def budget_md(doc: dict) -> str:
-    """:func:`budget_check` of every run of a summary (their run folders from the recorded commands)."""
-    curves, starts, unstopped = {}, {}, []
+    """:func:`budget_check` of every run of a summary (their run folders from the recorded commands). A run whose
+    folder (and so its validation curve) is gone is named, not dropped: an earlier summary in git has its line."""
+    curves, starts, unstopped, gone = {}, {}, [], []
     for row in doc["rows"]:
         for seed, command in zip(row["seeds"], row["commands"], strict=True):
             curve = validation_curve(run_dir_of(command))
-            if curve:
-                name = f"{row.get('selected_from', row['name'])} seed {seed}"
+            name = f"{row.get('selected_from', row['name'])} seed {seed}"
+            if not curve:
+                gone.append(f"{name} ({run_dir_of(command)})")
+            else:
                 curves[name] = curve
                 opts = dict(p.split("=", 1) for p in shlex.split(command) if p.startswith("trainer.") and "=" in p)
                 if int(opts.get("trainer.early_stop_patience", 0)) > 0:
@@ -387,7 +390,14 @@ def budget_md(doc: dict) -> str:
                 else:  # a schedule's horizon: replay the rule from the start the study gives its capped rows
                     unstopped.append(name)
                     starts[name] = start_epoch(int(opts.get("trainer.epochs", len(curve))))
-    return budget_check(curves, starts=starts, unstopped=unstopped)
+    text = budget_check(curves, starts=starts, unstopped=unstopped)
+    if gone:
+        text += (
+            "\n\nNot checked here and not drawn in the curves figure, their run folders (which hold the validation "
+            "curves) being gone from this machine (an earlier summary of this study in git has their lines): "
+            f"{', '.join(dict.fromkeys(gone))}."
+        )
+    return text
 
 
 # ------------------------------------------------------------------------------------------------ the figures

@@ -119,3 +119,21 @@ def test_a_run_without_early_stopping_is_not_said_to_be_stopped(study):
     assert "early stopping ends it after epoch 22" in lines["- stop"]
     rising = [50.0 + i for i in range(20)]
     assert "which would not have ended it" in study.budget_check({"cos": rising}, unstopped=["cos"])
+
+
+def test_a_run_whose_folder_is_gone_is_named_not_dropped(study, tmp_path):
+    """The budget check reads each run's validation curve from its folder; a run whose folder is gone (another
+    machine's) keeps a line naming it instead of vanishing from the summary."""
+    kept = tmp_path / "kept_s0"
+    (kept / "logs").mkdir(parents=True)
+    rows = "step,val/accuracy\n" + "".join(f"{i},{50 + i}\n" for i in range(1, 16))
+    (kept / "logs" / "metrics.csv").write_text(rows)
+
+    def command(run: str) -> str:
+        return f"rlattention fit --config c.yaml trainer.out_dir={tmp_path} trainer.run_name={run} trainer.epochs=15"
+
+    doc = {"rows": [{"name": "ram", "seeds": [0, 1], "commands": [command("kept_s0"), command("gone_s1")]}]}
+    text = study.budget_md(doc)
+    assert "- ram seed 0: 15 epochs" in text
+    assert "ram seed 1" in text and str(tmp_path / "gone_s1") in text and "gone from this machine" in text
+    assert "ram seed 0 (" not in text  # the run whose curve exists is not also listed as gone
