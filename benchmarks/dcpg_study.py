@@ -266,12 +266,14 @@ def budget_check(curves: dict[str, Sequence[float]], window: int = WINDOW, min_g
 
 
 def baseline_budget_md(doc: dict) -> str:
-    """:func:`budget_check` of the ``baseline`` runs of a summary (their run folders from the recorded commands)."""
+    """:func:`budget_check` of the ``baseline`` runs of a summary: the curves the summary keeps (from the records),
+    else (a summary written before it kept them) the run folders'."""
     curves = {}
     for row in doc["rows"]:
         if row["name"] == "baseline":
-            for seed, command in zip(row["seeds"], row["commands"], strict=True):
-                curve = validation_curve(run_dir_of(command))
+            kept = row.get("validation_curves") or [None] * len(row["seeds"])
+            for seed, command, curve in zip(row["seeds"], row["commands"], kept, strict=True):
+                curve = list(curve) if curve is not None else validation_curve(run_dir_of(command))
                 if curve:
                     curves[f"seed {seed}"] = curve
     return budget_check(curves)
@@ -337,5 +339,6 @@ if __name__ == "__main__":
             extra_md=extra_md,
             script="python benchmarks/dcpg_study.py",
             primary="rsum",
+            curve_key="val/rsum",
         )
     )

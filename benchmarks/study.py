@@ -96,27 +96,75 @@ def in_percent(report: dict, fraction_keys: Sequence[str]) -> dict:
     return out
 
 
-def validation_curve(run_dir: str | Path, key: str) -> list[float]:
-    """``key`` after each validation of a run (one per epoch, in step order; the last value of a step counts),
-    from ``logs/metrics.csv`` or, while the run trains, its TensorBoard events; empty when there is none."""
+def validation_curves(run_dir: str | Path, prefix: str = "val/") -> dict[str, list[float]]:
+    """``{key: values}`` of every metric of a run whose name starts with ``prefix``, one value after each validation
+    (one per epoch, in step order; the last value of a step counts), from ``logs/metrics.csv`` or, while the run
+    trains, its TensorBoard events; empty when the run folder holds none."""
     import csv
 
     run_dir = Path(run_dir)
-    by_step: dict[int, float] = {}
+    by_key: dict[str, dict[int, float]] = {}
     path = run_dir / "logs" / "metrics.csv"
     if path.is_file():
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
-                if (row.get(key) or "").strip() and (row.get("step") or "").strip():
-                    by_step[int(float(row["step"]))] = float(row[key])
-    if not by_step and (run_dir / "tb").is_dir():
+                step = (row.get("step") or "").strip()
+                for key, value in row.items():
+                    if step and key and key.startswith(prefix) and (value or "").strip():
+                        by_key.setdefault(key, {})[int(float(step))] = float(value)
+    if not by_key and (run_dir / "tb").is_dir():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
         events.Reload()
-        if key in events.Tags().get("scalars", []):
-            by_step = {int(e.step): float(e.value) for e in events.Scalars(key)}
-    return [by_step[s] for s in sorted(by_step)]
+        for key in events.Tags().get("scalars", []):
+            if key.startswith(prefix):
+                by_key[key] = {int(e.step): float(e.value) for e in events.Scalars(key)}
+    return {key: [values[s] for s in sorted(values)] for key, values in by_key.items()}
+
+
+def validation_curve(run_dir: str | Path, key: str) -> list[float]:
+    """``key`` after each validation of a run (see :func:`validation_curves`); empty when there is none."""
+    return validation_curves(run_dir, prefix=key).get(key, [])
+
+
+def recorded_curve(record: dict, key: str) -> list[float]:
+    """A recorded run's validation curve of ``key``: the one its record keeps (``validation_curves``, written by
+    :func:`run_one`, or added by :func:`keep_validation_curves`), else its run folder's; empty when neither has it
+    (the record predates kept curves and the folder is gone, e.g. another machine's run)."""
+    kept = record.get("validation_curves") or {}
+    return list(kept[key]) if key in kept else validation_curve(run_dir_of(record["command"]), key)
+
+
+def keep_validation_curves(log: Path) -> int:
+    """Add ``validation_curves`` to every record of ``log`` (a study's runs.jsonl) that lacks them while its run
+    folder still holds them (records written before :func:`run_one` kept the curves), so that a summary no longer
+    needs the run folders. Nothing else in a record changes; the file is replaced atomically, and left as it was
+    when it changed meanwhile (a run appended its record: the next summary adds them). Returns how many records
+    gained their curves."""
+    if not log.is_file():
+        return 0
+    text = log.read_text()
+    lines, added = [], 0
+    for line in text.splitlines(keepends=True):
+        rec = json.loads(line) if line.strip() else None
+        if rec is not None and "validation_curves" not in rec and "command" in rec:
+            try:
+                curves = validation_curves(run_dir_of(rec["command"]))
+            except KeyError:  # a command without trainer.out_dir / run_name: no run folder to read
+                curves = {}
+            if curves:
+                line, added = json.dumps({**rec, "validation_curves": curves}) + "\n", added + 1
+        lines.append(line)
+    if not added:
+        return 0
+    tmp = log.with_name(f".{log.name}.curves-{os.getpid()}.tmp")
+    tmp.write_text("".join(lines))
+    if log.read_text() != text:
+        tmp.unlink()
+        return 0
+    os.replace(tmp, log)
+    return added
 
 
 def run_dir_of(command: str) -> Path:
@@ -251,7 +299,8 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
     A folder that a killed study left there is continued (``rlattention fit --resume``, exact: the same batches
     and optimiser state) when :func:`resume_state` allows it, and the record says so (``resumed``: the step and
     epoch it continued from, its command); otherwise it is renamed aside, never overwritten or written into.
-    ``command`` is always the fresh run's command, which reproduces the run; ``wall_seconds`` is this process's."""
+    ``command`` is always the fresh run's command, which reproduces the run; ``wall_seconds`` is this process's;
+    ``validation_curves`` every ``val/*`` metric by epoch (:func:`validation_curves`)."""
     run_name = f"{row.name}_s{seed}"
     run_dir = work / run_name
     overrides = [o.format(seed=seed, work=work) for o in row.overrides]  # e.g. {work}/triplet_s{seed}/phase1...
@@ -294,6 +343,7 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
         **({"resumed": resumed} if resumed else {}),
         "report": report,
         "wall_seconds": round(time.time() - t0, 1),
+        "validation_curves": validation_curves(run_dir),  # kept here: a summary must not need the run folder
     }
 
 
@@ -357,9 +407,13 @@ def summarise(
     extra_md: str = "",
     primary: str | None = None,
     seeds: Sequence[int] = (0, 1, 2),
+    curve_key: str | None = None,
 ) -> dict:
     """``summary.json`` and ``summary.md`` from the records (rows in the order of ``rows``; seeds sorted). An issue
-    row missing some of ``seeds`` (or missing altogether) makes the description say PARTIAL and which."""
+    row missing some of ``seeds`` (or missing altogether) makes the description say PARTIAL and which. With
+    ``curve_key`` (e.g. ``val/accuracy``) each row also holds ``validation_curves``, one curve of that key per seed
+    (:func:`recorded_curve`; empty for a run whose curve is neither recorded nor in its folder), and the summary
+    ``validation_curve_key``: what a budget check or a curves figure reads, with no run folder needed."""
     doc_rows, lines = [], []
     keys: list[str] = []
     chosen = {row.name: select_candidate(row, records) for row in rows if row.candidates}
@@ -388,6 +442,11 @@ def summarise(
                 **({"selection": row.selection} if row.selection else {}),
                 **({"selection": pick[1], "selected_from": source} if pick else {}),
                 **({"same_as": f"{row.same_as[0]}/{row.same_as[1]}"} if row.same_as else {}),
+                **(
+                    {"validation_curves": [[round(v, 4) for v in recorded_curve(r, curve_key)] for r in mine]}
+                    if curve_key
+                    else {}
+                ),
             }
         )
     short = []
@@ -412,6 +471,7 @@ def summarise(
         "selection": "validation (the checkpoint with the best validation metric; the test split evaluated once)"
         + ("; a row's own `selection` says where it differs" if any(r.get("selection") for r in doc_rows) else ""),
         "machine": machine(records),
+        **({"validation_curve_key": curve_key} if curve_key else {}),
         "rows": doc_rows,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -452,10 +512,13 @@ def main(
     script: str | None = None,
     primary: str | None = None,
     fraction_keys: Sequence[str] = (),
+    curve_key: str | None = None,
 ) -> int:
     """Run the study's rows and seeds not yet recorded and write its summary. ``fraction_keys``: the metrics that
     this study's reports held as fractions before reports said their units (see :func:`in_percent`); every record's
-    report is read through :func:`in_percent`, so ``metrics`` always sees percentages."""
+    report is read through :func:`in_percent`, so ``metrics`` always sees percentages. ``curve_key``: the validation
+    metric whose curves the summary keeps (see :func:`summarise`); before summarising, records that lack their
+    curves gain them from their run folders while those exist (:func:`keep_validation_curves`)."""
     ap = argparse.ArgumentParser(description=f"study {study}: {description}")
     ap.add_argument("--data-dir")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(default_seeds))
@@ -518,10 +581,18 @@ def main(
                     break
         for (name, seed), why in waiting.items():
             print(f"[{study}] {name} seed {seed} not run: {why}", flush=True)
+    added = keep_validation_curves(log)
+    if added:
+        print(f"[{study}] kept the validation curves of {added} earlier record(s) in {log}", flush=True)
     records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in _records(log)]
-    doc = summarise(study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds)
+    doc = summarise(
+        study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds,
+        curve_key=curve_key,
+    )  # fmt: skip
     if extra_md is not None:
-        summarise(study, rows, records, metrics, description, command, out, extra_md(doc), primary, default_seeds)
+        summarise(
+            study, rows, records, metrics, description, command, out, extra_md(doc), primary, default_seeds, curve_key
+        )
     print((out / "summary.md").read_text())
     return 0
 

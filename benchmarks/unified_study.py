@@ -372,13 +372,22 @@ def budget_check(
     return "\n".join(lines)
 
 
+def row_curves(row: dict) -> list[tuple[int, str, list[float]]]:
+    """``(seed, command, validation accuracy by epoch)`` of each run of a summary row: the curves the summary keeps
+    (``validation_curves``, from the records), else (a summary written before it kept them) the run folders'."""
+    kept = row.get("validation_curves") or [None] * len(row["seeds"])
+    return [
+        (seed, command, list(curve) if curve is not None else validation_curve(run_dir_of(command)))
+        for seed, command, curve in zip(row["seeds"], row["commands"], kept, strict=True)
+    ]
+
+
 def budget_md(doc: dict) -> str:
-    """:func:`budget_check` of every run of a summary (their run folders from the recorded commands). A run whose
-    folder (and so its validation curve) is gone is named, not dropped: an earlier summary in git has its line."""
+    """:func:`budget_check` of every run of a summary (:func:`row_curves`). A run whose validation curve is neither
+    in its record nor in its run folder is named, not dropped: an earlier summary in git has its line."""
     curves, starts, unstopped, gone = {}, {}, [], []
     for row in doc["rows"]:
-        for seed, command in zip(row["seeds"], row["commands"], strict=True):
-            curve = validation_curve(run_dir_of(command))
+        for seed, command, curve in row_curves(row):
             name = f"{row.get('selected_from', row['name'])} seed {seed}"
             if not curve:
                 gone.append(f"{name} ({run_dir_of(command)})")
@@ -393,8 +402,9 @@ def budget_md(doc: dict) -> str:
     text = budget_check(curves, starts=starts, unstopped=unstopped)
     if gone:
         text += (
-            "\n\nNot checked here and not drawn in the curves figure, their run folders (which hold the validation "
-            "curves) being gone from this machine (an earlier summary of this study in git has their lines): "
+            "\n\nNot checked here and not drawn in the curves figure, their validation curves being neither in their "
+            "records (which keep them since the curves were recorded) nor in their run folders, gone from this "
+            "machine (an earlier summary of this study in git has their lines): "
             f"{', '.join(dict.fromkeys(gone))}."
         )
     return text
@@ -451,8 +461,7 @@ def draw_figures(doc: dict, out: Path, targets: Sequence[tuple[str, float]]) -> 
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in doc["rows"]:
-        for seed, command in zip(r["seeds"], r["commands"], strict=True):
-            curve = validation_curve(run_dir_of(command))
+        for seed, _, curve in row_curves(r):
             if curve and r["issue_row"]:
                 ax.plot(range(1, len(curve) + 1), curve, label=f"{r.get('selected_from', r['name'])} s{seed}")
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title=doc["study"])
@@ -491,6 +500,7 @@ def run(argv: Sequence[str]) -> int:
         extra_md=figures_md,
         script=f"nice -n 10 python benchmarks/unified_study.py {name}",
         primary="test_error",
+        curve_key="val/accuracy",
     )
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--out", default=f"benchmarks/results/{name}")

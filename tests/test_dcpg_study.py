@@ -98,6 +98,11 @@ def test_budget_check_reads_the_baseline_curves_of_the_summary(study, tmp_path):
     doc = {"rows": [{"name": "baseline", "seeds": [0], "commands": [command]}]}
     md = study.baseline_budget_md(doc)
     assert "seed 0: 290.0, 400.0, 400.5, 400.8" in md and "0.80 (< 1: met" in md  # 400.8 - 400.0 over 2 epochs
+    import shutil
+
+    shutil.rmtree(run)  # the folder gone: the curve the summary keeps (from the record) gives the same check
+    kept = {"rows": [{**doc["rows"][0], "validation_curves": [[290.0, 400.0, 400.5, 400.8]]}]}
+    assert study.baseline_budget_md(kept) == md
     assert "NOT met" in study.budget_check({"a": [290.0, 300.0, 310.0]})
     assert "Too few epochs" in study.budget_check({"a": [290.0, 300.0]})
 

@@ -83,6 +83,9 @@ def test_a_killed_run_is_continued_and_ends_as_the_uninterrupted_run(study, row,
     assert rec["report"]["test"] == reference["report"]["test"]
     assert rec["report"]["best_epoch"] == reference["report"]["best_epoch"]
     assert rec["report"]["steps"] == reference["report"]["steps"] == 64
+    # the record keeps the whole validation curve (one value an epoch), the continued run's as the straight one's
+    assert len(reference["validation_curves"]["val/accuracy"]) == 4
+    assert rec["validation_curves"] == reference["validation_curves"]
     log = (tmp_path / "tiny_s0.log").read_text()
     assert log.startswith("# the first attempt's log\n") and "--resume" in log  # appended, not replaced
     assert not list(tmp_path.glob("*.incomplete-*"))
