@@ -402,9 +402,9 @@ def budget_md(doc: dict) -> str:
     text = budget_check(curves, starts=starts, unstopped=unstopped)
     if gone:
         text += (
-            "\n\nNot checked here and not drawn in the curves figure, their validation curves being neither in their "
-            "records (which keep them since the curves were recorded) nor in their run folders, gone from this "
-            "machine (an earlier summary of this study in git has their lines): "
+            "\n\nNot checked here and not drawn in the curves figure: these runs' records predate the kept validation "
+            "curves and their run folders are gone from this machine (an earlier summary of this study in git has "
+            "their lines): "
             f"{', '.join(dict.fromkeys(gone))}."
         )
     return text
@@ -423,11 +423,16 @@ def _seed0_figures(row: dict) -> dict[str, Path]:
     return {kind: path for kind, path in found.items() if path.is_file()}
 
 
-def figures_md(doc: dict) -> str:
-    """The markdown below the table: the budget check and the figures that :func:`draw_figures` writes."""
+def figures_md(doc: dict, out: Path | None = None) -> str:
+    """The markdown below the table: the budget check and the figures that :func:`draw_figures` writes. A row's seed-0
+    figures are linked while its run folder has them or while ``out/figures`` holds the copies an earlier summary
+    made (the run folder gone)."""
     lines = [budget_md(doc), "", *(f"![{name}](figures/{name})" for name in FIGURES), ""]
     for r in doc["rows"]:
         kinds = _seed0_figures(r) if r["issue_row"] else {}
+        if r["issue_row"] and not kinds and out is not None and 0 in r["seeds"]:
+            copies = {kind: out / "figures" / f"{r['name']}_s0_{kind}.png" for kind in ("glimpses", "qvalues")}
+            kinds = {kind: path for kind, path in copies.items() if path.is_file()}
         if kinds:
             links = ", ".join(f"[{kind}](figures/{r['name']}_s0_{kind}.png)" for kind in kinds)
             lines.append(f"- {r['name']}, seed 0, the first test image: {links}")
@@ -490,6 +495,9 @@ def run(argv: Sequence[str]) -> int:
     if not argv or argv[0] not in STUDIES:
         sys.exit(f"usage: python benchmarks/unified_study.py {{{','.join(STUDIES)}}} [study options]")
     name, study = argv[0], STUDIES[argv[0]]
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--out", default=f"benchmarks/results/{name}")
+    out = ROOT / ap.parse_known_args(argv[1:])[0].out
     code = main(
         name,
         study.rows,
@@ -497,14 +505,11 @@ def run(argv: Sequence[str]) -> int:
         study.description,
         argv[1:],
         default_seeds=study.seeds,
-        extra_md=figures_md,
+        extra_md=lambda doc: figures_md(doc, out),
         script=f"nice -n 10 python benchmarks/unified_study.py {name}",
         primary="test_error",
         curve_key="val/accuracy",
     )
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--out", default=f"benchmarks/results/{name}")
-    out = ROOT / ap.parse_known_args(argv[1:])[0].out
     if code == 0 and (out / "summary.json").is_file():
         doc = json.loads((out / "summary.json").read_text())
         if doc["rows"]:

@@ -187,6 +187,9 @@ def test_a_summary_keeps_the_curves_so_its_budget_check_outlives_the_run_folders
     assert study.budget_md(doc) == before
     study.draw_figures(doc, out, targets=())
     assert (out / "figures" / "validation_curves.png").stat().st_size > 0
+    assert "ram_s0_glimpses" not in study.figures_md(doc, out)  # no figure anywhere: no link
+    (out / "figures" / "ram_s0_glimpses.png").write_bytes(b"png")  # the copy an earlier summary made
+    assert "[glimpses](figures/ram_s0_glimpses.png)" in study.figures_md(doc, out)  # still linked
 
 
 def test_keeping_curves_never_loses_a_record_appended_meanwhile(tmp_path, benchmark_module, monkeypatch):
