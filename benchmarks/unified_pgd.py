@@ -85,13 +85,14 @@ def checkpoint_of(source: dict) -> Path:
     return run_dir_of(source["command"]) / "checkpoints" / "best.ckpt"
 
 
-def missing_md(missing: Sequence[dict]) -> str:
-    """The summary's line on the source runs not attacked because their checkpoint is gone."""
+def missing_md(missing: Sequence[dict], lead: str = "Not attacked") -> str:
+    """The summary's line on the source runs not attacked (``lead``: what was not done) because their checkpoint is
+    gone."""
     if not missing:
         return ""
     runs = ", ".join(f"{m['row']} seed {m['seed']} ({checkpoint_of(m)})" for m in missing)
     return (
-        f"Not attacked, their best.ckpt missing when this table was made (a run folder does not outlive the machine "
+        f"{lead}, their best.ckpt missing when this table was made (a run folder does not outlive the machine "
         f"that trained it; `--retrain-missing` trains each again by its recorded command): {runs}."
     )
 

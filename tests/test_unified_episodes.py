@@ -1,0 +1,104 @@
+"""benchmarks/unified_episodes.py on a tiny RAM run of the drawn digits (no data folder), made and summarised as a
+study makes it: the single pass it measures again is the one the study recorded, the K-episode figures are those of
+``rlattention eval --mc-samples K`` on the whole splits, a record is kept once, a checkpoint that is gone is named
+(exit 1) or trained again by its recorded command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_runs import tiny_ram
+
+TINY = tiny_ram(train=256, val=48, test=64, extra=["optim.lr=0.01", "trainer.epochs=2", "trainer.deterministic=true"])
+
+
+@pytest.fixture(scope="module")
+def episodes(benchmark_module):
+    return benchmark_module("unified_episodes")
+
+
+@pytest.fixture(scope="module")
+def source(benchmark_module, tmp_path_factory) -> Path:
+    """A source study folder: one issue row (``ram``, chosen among one candidate) of one seed, its run in ``work``."""
+    study = benchmark_module("study")
+    root = tmp_path_factory.mktemp("source")
+    nested: dict = {}
+    for item in [o for o in TINY if not o.startswith(("trainer.progress", "trainer.num_threads"))]:
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    config = root / "tiny.yaml"
+    config.write_text(yaml.safe_dump({"method": "ram", **nested}))
+    work, out = root / "runs", root / "unified_tiny"
+    work.mkdir()
+    record = study.run_one(study.Row("ram_lr", str(config)), 0, None, work, 1, [])
+    (out / "runs.jsonl").parent.mkdir()
+    (out / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    rows = [study.Row("ram", str(config), candidates=("ram_lr",), select_key="best_val_accuracy"),
+            study.Row("ram_lr", str(config), issue_row=False)]  # fmt: skip
+
+    def metrics(report: dict) -> dict[str, float]:
+        return {"test_error": report["test"]["error"]}  # percent, as fit reports it
+
+    study.summarise("unified_tiny", rows, [record], metrics, "d", "c", out, seeds=(0,))
+    return out
+
+
+def test_the_single_pass_is_the_recorded_one_and_the_episodes_are_evals(episodes, source, tmp_path, capsys):
+    out = tmp_path / "unified_tiny_episodes"
+    argv = ["--source", str(source), "--out", str(out), "--mc-samples", "4", "--seed", "7"]
+    assert episodes.main(argv) == 0
+    (rec,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    src = json.loads((source / "runs.jsonl").read_text())
+    assert rec["row"] == "ram" and rec["source_row"] == "ram_lr"  # the issue row, from its chosen candidate's run
+    report = rec["report"]
+    assert report["test_error"] == pytest.approx(src["report"]["test"]["error"])  # the checkpoint the study tested
+    assert report["val_count"] == 48 and report["test_count"] == 64  # the whole splits
+    assert report["val_error"] == pytest.approx(100.0 - src["report"]["best_val_accuracy"])
+    # the recorded commands are what was measured: val, then test, with K sampled episodes and the seed
+    import shlex
+
+    single, val_mc, test_mc = (shlex.split(c) for c in rec["command"].split(" && "))
+    assert "--mc-samples" not in single and single[single.index("--split") + 1] == "test"
+    for argv_mc, split in ((val_mc, "val"), (test_mc, "test")):
+        assert argv_mc[argv_mc.index("--split") + 1] == split
+        assert argv_mc[argv_mc.index("--mc-samples") + 1] == "4" and argv_mc[argv_mc.index("--seed") + 1] == "7"
+    assert episodes.run_eval(test_mc, 1)["error"] == pytest.approx(report["test_error_mc"], abs=1e-4)  # reproduces
+    doc = json.loads((out / "summary.json").read_text())
+    (row,) = doc["rows"]
+    assert set(row["metrics"]) == {"test_error", "test_error_mc4", "val_error", "val_error_mc4"}
+    assert "equals the source study's recorded one" in (out / "summary.md").read_text()
+    capsys.readouterr()
+    assert episodes.main(argv) == 0  # recorded: not evaluated again
+    assert "ram seed 0 ..." not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="was measured with"):  # other settings do not join this table
+        episodes.main([*argv[:-2], "--seed", "8"])
+
+
+def test_a_gone_checkpoint_is_named_then_trained_again(episodes, source, tmp_path, capsys):
+    src = json.loads((source / "runs.jsonl").read_text())
+    from study import run_dir_of
+
+    run_dir = run_dir_of(src["command"])
+    kept = tmp_path / "kept"
+    shutil.copytree(run_dir, kept)
+    shutil.rmtree(run_dir)
+    try:
+        out = tmp_path / "unified_tiny_episodes"
+        argv = ["--source", str(source), "--out", str(out), "--mc-samples", "2"]
+        assert episodes.main(argv) == 1
+        assert "Not measured" in (out / "summary.md").read_text() and "ram seed 0" in capsys.readouterr().err
+        assert episodes.main([*argv, "--retrain-missing"]) == 0
+        (rec,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+        assert rec["retrained"]["test_accuracy_retrained"] == rec["retrained"]["test_accuracy_recorded"]
+        assert "Trained again" in (out / "summary.md").read_text()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.copytree(kept, run_dir)
