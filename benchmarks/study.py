@@ -487,7 +487,7 @@ def summarise(
             sd = statistics.stdev(v) if len(v) > 1 else 0.0
             cells.append(f"{statistics.mean(v):.2f} ± {sd:.2f}")
         first = primary or (keys[0] if keys else "")
-        per_seed = ", ".join(f"{x:.1f}" for x in r["metrics"].get(first, []))
+        per_seed = ", ".join(f"{x:.2f}" for x in r["metrics"].get(first, []))
         secs = statistics.mean(t for t in r["train_seconds"] if t is not None)
         name = r["name"] if r["issue_row"] else f"_{r['name']}_"
         how = "chosen on validation" if "chosen on validation" in r.get("selection", "") else "the only candidate run"
