@@ -403,8 +403,8 @@ def budget_md(doc: dict) -> str:
     if gone:
         text += (
             "\n\nNot checked here and not drawn in the curves figure: these runs' records predate the kept validation "
-            "curves and their run folders are gone from this machine (an earlier summary of this study in git has "
-            "their lines): "
+            "curves and their run folders are gone from this machine (the summaries in git from when they ran, of this "
+            "study or of the study they were copied from, have their lines): "
             f"{', '.join(dict.fromkeys(gone))}."
         )
     return text
@@ -470,7 +470,8 @@ def draw_figures(doc: dict, out: Path, targets: Sequence[tuple[str, float]]) -> 
             if curve and r["issue_row"]:
                 ax.plot(range(1, len(curve) + 1), curve, label=f"{r.get('selected_from', r['name'])} s{seed}")
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title=doc["study"])
-    ax.legend(fontsize=7)
+    if ax.lines:  # no run with a kept curve: an empty figure, no legend
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / FIGURES[1], dpi=110)
     plt.close(fig)
