@@ -65,12 +65,20 @@ def machine(records: Sequence[dict] = ()) -> str:
 
 
 def _records(path: Path) -> list[dict]:
+    """The records of a JSON-lines file (empty when there is none); a line that is not a JSON object is an error
+    naming the file and the line."""
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
-            out.append(json.loads(line))
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: not a JSON record ({e.msg}): {line[:120]!r}") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{number}: a record must be a JSON object, got {line[:120]!r}")
+            out.append(rec)
     return out
 
 
@@ -99,7 +107,7 @@ def in_percent(report: dict, fraction_keys: Sequence[str]) -> dict:
 def validation_curves(run_dir: str | Path, prefix: str = "val/") -> dict[str, list[float]]:
     """``{key: values}`` of every metric of a run whose name starts with ``prefix``, one value after each validation
     (one per epoch, in step order; the last value of a step counts), from ``logs/metrics.csv`` or, while the run
-    trains, its TensorBoard events; empty when the run folder holds none."""
+    trains, its TensorBoard events; empty when the run folder holds none. Image counts (``*/count``) are left out."""
     import csv
 
     run_dir = Path(run_dir)
@@ -120,7 +128,7 @@ def validation_curves(run_dir: str | Path, prefix: str = "val/") -> dict[str, li
         for key in events.Tags().get("scalars", []):
             if key.startswith(prefix):
                 by_key[key] = {int(e.step): float(e.value) for e in events.Scalars(key)}
-    return {key: [values[s] for s in sorted(values)] for key, values in by_key.items()}
+    return {key: [v[s] for s in sorted(v)] for key, v in by_key.items() if not key.endswith("/count")}
 
 
 def validation_curve(run_dir: str | Path, key: str) -> list[float]:
@@ -128,43 +136,78 @@ def validation_curve(run_dir: str | Path, key: str) -> list[float]:
     return validation_curves(run_dir, prefix=key).get(key, [])
 
 
+def _settled(report: dict) -> dict:
+    """A report without what differs between two runs of the same training (times)."""
+    return {k: v for k, v in report.items() if not k.endswith("_seconds")}
+
+
+def folder_curves(record: dict) -> dict[str, list[float]]:
+    """The validation curves in a record's run folder (from its command) if that folder holds the recorded run: its
+    ``report.json`` equals the record's report apart from times (a run retrained there that did not reproduce, or
+    another run under the same name, does not lend its curves); empty otherwise."""
+    try:
+        run_dir = run_dir_of(record["command"])
+    except KeyError:  # a command without trainer.out_dir / run_name: no run folder
+        return {}
+    try:
+        have = json.loads((run_dir / "report.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if not isinstance(have, dict) or _settled(have) != _settled(record.get("report") or {}):
+        return {}
+    return validation_curves(run_dir)
+
+
 def recorded_curve(record: dict, key: str) -> list[float]:
     """A recorded run's validation curve of ``key``: the one its record keeps (``validation_curves``, written by
-    :func:`run_one`, or added by :func:`keep_validation_curves`), else its run folder's; empty when neither has it
-    (the record predates kept curves and the folder is gone, e.g. another machine's run)."""
-    kept = record.get("validation_curves") or {}
-    return list(kept[key]) if key in kept else validation_curve(run_dir_of(record["command"]), key)
+    :func:`run_one`, or merged from ``curves.jsonl`` by :func:`with_kept_curves`), else its run folder's when that
+    holds the recorded run (:func:`folder_curves`); empty when neither has it."""
+    kept = record.get("validation_curves")
+    return list(kept.get(key, [])) if kept else folder_curves(record).get(key, [])
+
+
+def _curve_key(record: dict) -> str:
+    """Which record a kept curve belongs to: its command and its test figures."""
+    return json.dumps([record.get("command"), (record.get("report") or {}).get("test")], sort_keys=True)
+
+
+def _kept_key(line: dict) -> str:
+    """:func:`_curve_key` of the record a line of curves.jsonl belongs to."""
+    return _curve_key({"command": line.get("command"), "report": {"test": line.get("test")}})
 
 
 def keep_validation_curves(log: Path) -> int:
-    """Add ``validation_curves`` to every record of ``log`` (a study's runs.jsonl) that lacks them while its run
-    folder still holds them (records written before :func:`run_one` kept the curves), so that a summary no longer
-    needs the run folders. Nothing else in a record changes; the file is replaced atomically, and left as it was
-    when it changed meanwhile (a run appended its record: the next summary adds them). Returns how many records
-    gained their curves."""
-    if not log.is_file():
-        return 0
-    text = log.read_text()
-    lines, added = [], 0
-    for line in text.splitlines(keepends=True):
-        rec = json.loads(line) if line.strip() else None
-        if rec is not None and "validation_curves" not in rec and "command" in rec:
-            try:
-                curves = validation_curves(run_dir_of(rec["command"]))
-            except KeyError:  # a command without trainer.out_dir / run_name: no run folder to read
-                curves = {}
-            if curves:
-                line, added = json.dumps({**rec, "validation_curves": curves}) + "\n", added + 1
-        lines.append(line)
-    if not added:
-        return 0
-    tmp = log.with_name(f".{log.name}.curves-{os.getpid()}.tmp")
-    tmp.write_text("".join(lines))
-    if log.read_text() != text:
-        tmp.unlink()
-        return 0
-    os.replace(tmp, log)
-    return added
+    """Keep the validation curves of the records of ``log`` (a study's runs.jsonl) written before records held them,
+    while their run folders still hold those runs (:func:`folder_curves`), in ``curves.jsonl`` beside it: one line
+    per record (its command, its test figures, its curves), only ever appended to. ``runs.jsonl`` itself is never
+    rewritten (a study may be appending to it). Returns how many records gained their curves."""
+    side = log.with_name("curves.jsonl")
+    have = {_kept_key(c) for c in _records(side)}
+    new = []
+    for rec in _records(log):
+        if rec.get("validation_curves") or "command" not in rec or _curve_key(rec) in have:
+            continue
+        curves = folder_curves(rec)
+        if curves:
+            new.append(
+                {"command": rec["command"], "test": rec.get("report", {}).get("test"), "validation_curves": curves}
+            )
+            have.add(_curve_key(rec))
+    if new:
+        with side.open("a") as f:
+            f.write("".join(json.dumps(c) + "\n" for c in new))
+    return len(new)
+
+
+def with_kept_curves(records: list[dict], log: Path) -> list[dict]:
+    """The records of ``log`` with the curves that ``curves.jsonl`` beside it keeps for them merged in."""
+    kept = {_kept_key(c): c["validation_curves"] for c in _records(log.with_name("curves.jsonl"))}
+    return [
+        {**r, "validation_curves": kept[_curve_key(r)]}
+        if not r.get("validation_curves") and _curve_key(r) in kept
+        else r
+        for r in records
+    ]
 
 
 def run_dir_of(command: str) -> Path:
@@ -343,8 +386,18 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
         **({"resumed": resumed} if resumed else {}),
         "report": report,
         "wall_seconds": round(time.time() - t0, 1),
-        "validation_curves": validation_curves(run_dir),  # kept here: a summary must not need the run folder
+        "validation_curves": _curves_or_none(run_dir),  # kept here: a summary must not need the run folder
     }
+
+
+def _curves_or_none(run_dir: Path) -> dict[str, list[float]]:
+    """:func:`validation_curves` of a finished run, or empty with a warning when its logs cannot be read (the run's
+    record is still written: its test figures are what matters)."""
+    try:
+        return validation_curves(run_dir)
+    except (OSError, ValueError) as e:
+        print(f"[study] {run_dir}: its validation curves could not be read ({e}); the record keeps none", flush=True)
+        return {}
 
 
 def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
@@ -518,7 +571,7 @@ def main(
     this study's reports held as fractions before reports said their units (see :func:`in_percent`); every record's
     report is read through :func:`in_percent`, so ``metrics`` always sees percentages. ``curve_key``: the validation
     metric whose curves the summary keeps (see :func:`summarise`); before summarising, records that lack their
-    curves gain them from their run folders while those exist (:func:`keep_validation_curves`)."""
+    curves gain them from their run folders while those exist, in ``curves.jsonl`` (:func:`keep_validation_curves`)."""
     ap = argparse.ArgumentParser(description=f"study {study}: {description}")
     ap.add_argument("--data-dir")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(default_seeds))
@@ -583,8 +636,8 @@ def main(
             print(f"[{study}] {name} seed {seed} not run: {why}", flush=True)
     added = keep_validation_curves(log)
     if added:
-        print(f"[{study}] kept the validation curves of {added} earlier record(s) in {log}", flush=True)
-    records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in _records(log)]
+        print(f"[{study}] kept the validation curves of {added} earlier record(s) in {log.with_name('curves.jsonl')}")
+    records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in with_kept_curves(_records(log), log)]
     doc = summarise(
         study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds,
         curve_key=curve_key,

@@ -117,6 +117,8 @@ def retrain(source: dict, data_dir: str | None, threads: int) -> dict:
     was, now = source["report"]["test"]["accuracy"], new["report"]["test"]["accuracy"]
     print(f"[pgd] {source['row']} seed {source['seed']} retrained: test accuracy {now} (recorded {was})", flush=True)
     return {"command": new["command"], "test_accuracy_recorded": was, "test_accuracy_retrained": now,
+            "best_val_accuracy_recorded": source["report"].get("best_val_accuracy"),
+            "best_val_accuracy_retrained": new["report"].get("best_val_accuracy"),
             "wall_seconds": new["wall_seconds"]}  # fmt: skip
 
 

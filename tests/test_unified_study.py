@@ -139,51 +139,63 @@ def test_a_run_whose_folder_is_gone_is_named_not_dropped(study, tmp_path):
     assert "ram seed 0 (" not in text  # the run whose curve exists is not also listed as gone
 
 
-def _run_folder(root: Path, name: str, curve: list[float]) -> None:
+def _run_folder(root: Path, name: str, curve: list[float], report: dict) -> None:
+    """A finished run's folder: its metrics log (a training row, then one validation row an epoch) and report."""
+    import json
+
     (root / name / "logs").mkdir(parents=True)
-    lines = ["step,train/loss,val/accuracy,val/error", "5,2.0,,"]
-    lines += [f"{10 * i},,{v},{100 - v}" for i, v in enumerate(curve, 1)]
+    lines = ["step,train/loss,val/accuracy,val/error,val/count", "5,2.0,,,"]
+    lines += [f"{10 * i},,{v},{100 - v},600" for i, v in enumerate(curve, 1)]
     (root / name / "logs" / "metrics.csv").write_text("\n".join(lines) + "\n")
+    (root / name / "report.json").write_text(json.dumps({**report, "train_seconds": 99.0}))  # times may differ
+
+
+def _report(test_error: float) -> dict:
+    return {"test": {"accuracy": 100.0 - test_error, "error": test_error}, "best_val_accuracy": 55.0,
+            "train_seconds": 3.0}  # fmt: skip
 
 
 def test_a_summary_keeps_the_curves_so_its_budget_check_outlives_the_run_folders(study, tmp_path, benchmark_module):
-    """The records keep each run's validation curves (those written before gain them while their folders exist);
-    the summary keeps them per seed, so its budget check and curves figure are the same once the folders are gone."""
+    """Records made before records held curves gain them (in curves.jsonl, appended to; runs.jsonl is never
+    rewritten) while their folders hold those runs; the summary keeps them per seed, so its budget check and curves
+    figure are the same once the folders are gone."""
     import json
     import shutil
 
     runner = benchmark_module("study")
     work, out = tmp_path / "work", tmp_path / "out"
     curve = [50.0 + i for i in range(5)] + [54.05] * 12  # stops improving: early stopping ends it after epoch 15
-    _run_folder(work, "ram_s0", curve)
+    _run_folder(work, "ram_s0", curve, _report(10.0))
 
     def record(seed: int) -> dict:
         command = (
             f"rlattention fit --config c.yaml trainer.seed={seed} trainer.out_dir={work} trainer.run_name=ram_s{seed} "
             "trainer.epochs=17 trainer.early_stop_patience=10 trainer.early_stop_start_epoch=0"
         )
-        report = {"test": {"accuracy": 90.0, "error": 10.0}, "best_val_accuracy": 55.0, "train_seconds": 3.0}
-        return {"row": "ram", "seed": seed, "overrides": [], "command": command, "report": report}
+        return {"row": "ram", "seed": seed, "overrides": [], "command": command, "report": _report(10.0)}
 
     out.mkdir()
     log = out / "runs.jsonl"
     earlier = [record(0), record(1)]  # seed 1's folder is already gone
-    log.write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    text = "".join(json.dumps(r) + "\n" for r in earlier)
+    log.write_text(text)
     assert runner.keep_validation_curves(log) == 1
-    kept = [json.loads(line) for line in log.read_text().splitlines()]
-    both = {"val/accuracy": curve, "val/error": [100 - v for v in curve]}
-    assert kept[0] == {**earlier[0], "validation_curves": both}
-    assert kept[1] == earlier[1]  # nothing to add: left exactly as it was
-    assert runner.keep_validation_curves(log) == 0  # nothing more to add: the file is not rewritten
+    assert log.read_text() == text  # the records are never rewritten
+    (kept,) = [json.loads(line) for line in (out / "curves.jsonl").read_text().splitlines()]
+    assert kept["validation_curves"] == {"val/accuracy": curve, "val/error": [100 - v for v in curve]}  # no counts
+    assert runner.keep_validation_curves(log) == 0  # nothing more to add: nothing appended twice
+    records = runner.with_kept_curves(runner._records(log), log)
+    assert records[0]["validation_curves"] == kept["validation_curves"] and "validation_curves" not in records[1]
 
     rows = [runner.Row("ram", "c.yaml")]
-    args = ("unified_x", rows, kept, study.metrics, "d", "c", out)
+    args = ("unified_x", rows, records, study.metrics, "d", "c", out)
     doc = runner.summarise(*args, curve_key="val/accuracy")
     assert doc["validation_curve_key"] == "val/accuracy" and doc["rows"][0]["validation_curves"] == [curve, []]
     before = study.budget_md(doc)
     assert "- ram seed 0: 17 epochs" in before and "ends it after epoch 15" in before and "ram seed 1 (" in before
     shutil.rmtree(work / "ram_s0")
-    doc = runner.summarise(*args, curve_key="val/accuracy")
+    records = runner.with_kept_curves(runner._records(log), log)
+    doc = runner.summarise(*args[:2], records, *args[3:], curve_key="val/accuracy")
     assert study.budget_md(doc) == before
     study.draw_figures(doc, out, targets=())
     assert (out / "figures" / "validation_curves.png").stat().st_size > 0
@@ -192,25 +204,22 @@ def test_a_summary_keeps_the_curves_so_its_budget_check_outlives_the_run_folders
     assert "[glimpses](figures/ram_s0_glimpses.png)" in study.figures_md(doc, out)  # still linked
 
 
-def test_keeping_curves_never_loses_a_record_appended_meanwhile(tmp_path, benchmark_module, monkeypatch):
-    """A study still running appends its record while a summary adds the curves of earlier records: the summary
-    leaves the file as the run left it (the next summary adds the curves), never replaces it with an older copy."""
+def test_a_folder_holding_another_run_lends_no_curves(tmp_path, benchmark_module):
+    """A run trained again into a recorded run's folder that did not reproduce it (or another run under the same
+    name) is not the recorded run: its curves are not kept for that record, nor read for it."""
     import json
 
     runner = benchmark_module("study")
-    _run_folder(tmp_path, "ram_s0", [50.0, 51.0])
+    _run_folder(tmp_path, "ram_s0", [50.0, 51.0], _report(12.5))
     command = f"rlattention fit trainer.out_dir={tmp_path} trainer.run_name=ram_s0"
-    log = tmp_path / "runs.jsonl"
-    log.write_text(json.dumps({"row": "ram", "seed": 0, "command": command, "report": {}}) + "\n")
-    late = json.dumps({"row": "ram", "seed": 1, "command": command, "report": {}}) + "\n"
-    read = runner.validation_curves
-
-    def appending(run_dir, prefix="val/"):
-        with log.open("a") as f:  # the other process's record lands while this one reads the folders
-            f.write(late)
-        return read(run_dir, prefix)
-
-    monkeypatch.setattr(runner, "validation_curves", appending)
-    before = log.read_text()
-    assert runner.keep_validation_curves(log) == 0
-    assert log.read_text() == before + late and not list(tmp_path.glob(".runs.jsonl*"))
+    log = tmp_path / "out" / "runs.jsonl"
+    log.parent.mkdir()
+    rec = {"row": "ram", "seed": 0, "command": command, "report": _report(10.0)}
+    log.write_text(json.dumps(rec) + "\n")
+    assert runner.keep_validation_curves(log) == 0 and not (log.parent / "curves.jsonl").exists()
+    assert runner.recorded_curve(rec, "val/accuracy") == []
+    same = {**rec, "report": _report(12.5)}
+    assert runner.recorded_curve(same, "val/accuracy") == [50.0, 51.0]  # the same run, another time: read
+    log.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"runs.jsonl:1: not a JSON record"):  # names the file and the line
+        runner.keep_validation_curves(log)
