@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from study import ROOT, Row, _records, summarise
-from unified_pgd import checkpoint_of, missing_md, retrain, retrained_md, run_eval
+from unified_pgd import checkpoint_of, missing_md, recorded, retrain, retrained_md, run_eval
 
 DEFAULT_SOURCE = "unified_mnist"
 MC_SAMPLES = 10
@@ -146,17 +146,6 @@ def evaluate_run(
     }
 
 
-def recorded(records: Sequence[dict], wanted: dict, log: Path) -> set[tuple[str, int]]:
-    """The (row, seed) already measured with the ``wanted`` settings; a record made with others is an error."""
-    for r in records:
-        if r.get("settings") != wanted:
-            raise SystemExit(
-                f"{log}: {r['row']} seed {r['seed']} was measured with {r.get('settings')}, not {wanted}; run with "
-                "those settings, or give another --out for these"
-            )
-    return {(r["row"], r["seed"]) for r in records}
-
-
 def agreement_md(records: Sequence[dict]) -> str:
     """Whether every re-measured single pass equals its recorded figure (the checkpoint is the one tested)."""
     differ = []
@@ -222,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     wanted = settings(args.mc_samples, args.seed)
-    done = recorded(_records(log), wanted, log)
+    done = recorded(_records(log), wanted, log, "measured")
     made_from = {(r["row"], r["seed"]): r.get("source_command") for r in _records(log)}
     for name, src in sources:  # a recorded figure is of the run the source summary now names, or an error
         was = made_from.get((name, src["seed"]))

@@ -169,13 +169,13 @@ def settings(limit: int, epsilons: Sequence[float]) -> dict:
     return {"limit": limit, "epsilons": [float(e) for e in epsilons], "steps": STEPS}
 
 
-def recorded(records: Sequence[dict], wanted: dict, log: Path) -> set[tuple[str, int]]:
-    """The (row, seed) already attacked with the ``wanted`` settings; a record made with others is an error (its
-    figures would not share a table with the new ones), naming it and both settings."""
+def recorded(records: Sequence[dict], wanted: dict, log: Path, done: str = "attacked") -> set[tuple[str, int]]:
+    """The (row, seed) already ``done`` (attacked, measured) with the ``wanted`` settings; a record made with others
+    is an error (its figures would not share a table with the new ones), naming it and both settings."""
     for r in records:
         if r.get("settings") != wanted:
             raise SystemExit(
-                f"{log}: {r['row']} seed {r['seed']} was attacked with {r.get('settings')}, not {wanted}; run with "
+                f"{log}: {r['row']} seed {r['seed']} was {done} with {r.get('settings')}, not {wanted}; run with "
                 "those settings, or give another --out for these"
             )
     return {(r["row"], r["seed"]) for r in records}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny_runs import tiny_ram
+from tiny_runs import config_of, tiny_ram
 
 TINY = tiny_ram(train=256, val=48, test=64, extra=["optim.lr=0.01", "trainer.epochs=2", "trainer.deterministic=true"])
 
@@ -26,16 +26,8 @@ def source(benchmark_module, tmp_path_factory) -> Path:
     """A source study folder: one issue row (``ram``, chosen among one candidate) of one seed, its run in ``work``."""
     study = benchmark_module("study")
     root = tmp_path_factory.mktemp("source")
-    nested: dict = {}
-    for item in [o for o in TINY if not o.startswith(("trainer.progress", "trainer.num_threads"))]:
-        key, value = item.split("=", 1)
-        *parents, leaf = key.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
     config = root / "tiny.yaml"
-    config.write_text(yaml.safe_dump({"method": "ram", **nested}))
+    config.write_text(yaml.safe_dump({"method": "ram", **config_of(TINY)}))
     work, out = root / "runs", root / "unified_tiny"
     work.mkdir()
     record = study.run_one(study.Row("ram_lr", str(config)), 0, None, work, 1, [])

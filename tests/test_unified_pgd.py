@@ -124,14 +124,9 @@ def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(pgd
 
     study = benchmark_module("study")
     config = tmp_path / "tiny.yaml"
-    nested: dict = {}
-    for item in [o for o in TINY if not o.startswith(("trainer.progress", "trainer.num_threads"))]:
-        key, value = item.split("=", 1)
-        *parents, leaf = key.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+    from tiny_runs import config_of
+
+    nested = config_of(TINY)
     config.write_text(yaml.safe_dump({**nested, "trainer": {**nested["trainer"], "epochs": 3}}))
     work = tmp_path / "runs"
     work.mkdir()

@@ -56,6 +56,24 @@ RESUMABLE = tiny_ram(
 )
 
 
+def config_of(overrides: Sequence[str]) -> dict:
+    """A YAML config's nested mapping with the values of ``key=value`` overrides (how a run is run, progress and
+    threads, left out: a study passes those itself)."""
+    import yaml
+
+    nested: dict = {}
+    for item in overrides:
+        if item.startswith(("trainer.progress", "trainer.num_threads")):
+            continue
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return nested
+
+
 def sigterm_at_step(monkeypatch, at: int) -> None:
     """This process sends itself SIGTERM inside optimiser step ``at`` of the next run (1-based; the run stops at that
     step's end and saves ``last``), by wrapping Fabric's backward pass."""
