@@ -67,6 +67,9 @@ class UnifiedConfig(RAMConfig):
     context: bool = False  # context constraint, eq. 11
     context_weight: float = 1.0  # beta_1
     context_hidden: int = 256  # hidden width of f_c
+    # the weights w_t of C (eq. 11): "label" (the paper's alpha_{t,y}: the true class's probability; it lets f_c read
+    # y from which steps were weighted, see UnifiedModel.context_weights) | "confidence" (max_k alpha_{t,k}: no label)
+    context_weights: str = "label"
     # top-down
     top_down: bool = False
     pyramid_levels: int = 2  # decisions on the quad tree; the finest region has side 1 / split^levels
@@ -167,6 +170,8 @@ class Unified(RAM):
             )
         if cfg.exploration not in ("epsilon", "softmax"):
             raise ValueError(f"model.exploration must be 'epsilon' or 'softmax', got {cfg.exploration!r}")
+        if cfg.context_weights not in ("label", "confidence"):
+            raise ValueError(f"model.context_weights must be 'label' or 'confidence', got {cfg.context_weights!r}")
         super().__init__(cfg, info)
         self.cfg: UnifiedConfig = cfg
         C, H, W = info.image_shape
@@ -318,14 +323,26 @@ class Unified(RAM):
         return StepOutput(loss, terms, stats)
 
     def context_weights(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        """w ``(B, J, n)``: alpha_{t, y_j} over the n steps of token j, normalised to sum to one (eq. 11)."""
+        """w ``(B, J, n)`` over the n steps of token j, normalised to sum to one (eq. 11): alpha_{t, y_j} with
+        ``model.context_weights: label`` (the paper's), max_k alpha_{t, k} with ``confidence``.
+
+        The paper's weights carry the label into C: which steps get weight depends on y, so f_c can read y from C
+        even where the hidden states say nothing about it, and the classifier's outputs at the steps before the
+        last (which no other loss constrains) learn to make that code. In every ``label`` run of issue 22 the
+        context loss fell to about 0.003 while the classification loss on the same hidden states was still above
+        1 (docs/unified.md); stopping the gradient through w does not close it (the classifier's fixed scores
+        still select, by y, the hidden states it maps to y: tests/methods/test_unified.py). ``confidence`` uses no
+        label, so C is a function of the image alone."""
         B, T, Hd = hidden.shape
         J = targets.shape[1]
         n = T // J
         alpha = self.classifier(hidden).softmax(-1).reshape(B, J, n, -1)  # alpha_t for every step
-        y = targets.clamp(min=0)
-        a_y = alpha.gather(-1, y[:, :, None, None].expand(B, J, n, 1)).squeeze(-1)  # alpha_{t, y}
-        return a_y / a_y.sum(-1, keepdim=True).clamp(min=1e-12)
+        if self.cfg.context_weights == "confidence":
+            a = alpha.amax(-1)  # max_k alpha_{t, k}
+        else:
+            y = targets.clamp(min=0)
+            a = alpha.gather(-1, y[:, :, None, None].expand(B, J, n, 1)).squeeze(-1)  # alpha_{t, y}
+        return a / a.sum(-1, keepdim=True).clamp(min=1e-12)
 
     def context_loss(self, hidden: Tensor, targets: Tensor) -> Tensor:
         """-y log z_hat with z_hat = f_c(C), C = sum_t w_t H_t (eq. 11)."""

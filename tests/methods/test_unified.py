@@ -285,3 +285,55 @@ def test_fast_top_down_trains_as_the_reference(monkeypatch):
     assert torch.allclose(fast, ref, rtol=1e-5, atol=1e-6)
     for k, v in ref_weights.items():  # Adam steps of about lr = 1e-3: rounding of the gradients moves them ~1e-8
         assert torch.allclose(fast_weights[k].float(), v.float(), rtol=0, atol=1e-6), k
+
+
+def _context_loss_on_noise(weights: str, detach: bool = False, steps: int = 150) -> float:
+    """Train the classifier and f_c by the context loss alone on hidden states drawn afresh each step, independent of
+    the labels (also drawn afresh): nothing can be learnt about y from them. Returns the mean loss of the last 30
+    steps (chance: log 10 = 2.30)."""
+    import math
+
+    m = _model(context=True, num_glimpses=6, hidden_size=32, context_hidden=32, context_weights=weights)
+    params = [*m.classifier.parameters(), *m.context_net.parameters()]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        hidden = torch.randn(256, 6, 32, generator=g)
+        y = torch.randint(0, 10, (256, 1), generator=g)
+        w = m.context_weights(hidden, y)
+        if detach:
+            w = w.detach()
+        C = (w[..., None] * hidden.reshape(256, 1, 6, 32)).sum(2)
+        loss = torch.nn.functional.cross_entropy(m.context_net(C).reshape(256, -1), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert math.isfinite(losses[-1])
+    return sum(losses[-30:]) / 30
+
+
+def test_the_papers_context_weights_leak_the_label_and_confidence_weights_do_not():
+    """Eq. 11's alpha_{t,y} weights select hidden states by the true class, so f_c predicts labels that the hidden
+    states know nothing about (well below chance), with or without a gradient through the weights; the confidence
+    weights use no label and stay at chance."""
+    import math
+
+    chance = math.log(10)
+    label, detached = _context_loss_on_noise("label"), _context_loss_on_noise("label", detach=True)
+    confidence = _context_loss_on_noise("confidence")
+    assert label < chance - 0.7  # measured 1.29: the classifier's scores at the steps become a code for y
+    assert chance - 0.2 > detached > label  # 1.91: the classifier's scores still pick, by y, states it maps to y
+    assert confidence > chance - 0.05
+
+
+def test_confidence_weights_are_the_normalised_top_probability_and_ignore_the_label():
+    m = _model(context=True, num_glimpses=6, context_weights="confidence")
+    hidden = torch.randn(5, 6, 256)
+    w = m.context_weights(hidden, torch.randint(0, 10, (5, 1)))
+    torch.testing.assert_close(w, m.context_weights(hidden, torch.randint(0, 10, (5, 1))))
+    top = m.classifier(hidden).softmax(-1).amax(-1)
+    torch.testing.assert_close(w[:, 0], top / top.sum(-1, keepdim=True))
+    with pytest.raises(ValueError, match="model.context_weights must be 'label' or 'confidence', got 'true'"):
+        _model(context=True, context_weights="true")
