@@ -24,6 +24,12 @@ if "RLATTENTION_CACHE" not in os.environ:
     os.environ["RLATTENTION_CACHE"] = tempfile.mkdtemp(prefix="rlattention-tests-cache-")
     atexit.register(shutil.rmtree, os.environ["RLATTENTION_CACHE"], ignore_errors=True)
 
+# pytest-xdist runs the suite in 2 worker processes (pyproject.toml): one torch thread each, and for the trainings
+# they start, so that the workers do not oversubscribe the cores between them
+if os.environ.get("PYTEST_XDIST_WORKER") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 #: ``../shared/data`` next to the repository (the repository root is ``parents[1]`` of this file).
 DEFAULT_SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
