@@ -268,6 +268,22 @@ def beta2_rows() -> tuple[Row, ...]:
     return tuple(rows)
 
 
+def sequences_rows() -> tuple[Row, ...]:
+    config, epochs = "configs/unified_mnist_sequences.yaml", _epochs("unified_sequences", "entropy_context")
+    note = "the sequences row (table 3 stand-in): 54 x 54 MNIST sequences of 1-5 digits, entropy + context"
+    # added in session 17 (the context weights of eq. 11 leak the label): without context, and with label-free
+    # context weights
+    variants = {
+        "entropy": ("model.context=false", "entropy only (no context constraint)"),
+        "entropy_context_confidence": (
+            "model.context_weights=confidence",
+            "entropy + context with label-free weights max_k alpha_{t,k}",
+        ),
+    }
+    rows = [Row(name, config, [*epochs, o], text, issue_row=False) for name, (o, text) in variants.items()]
+    return (Row("entropy_context", config, epochs, note), *rows)
+
+
 STUDIES = {
     "unified_cluttered100": Study(
         cluttered_rows(100),
@@ -298,30 +314,7 @@ STUDIES = {
         "(top-down, entropy, context) on 60 x 60 cluttered MNIST; test error (%), mean locations, single pass",
     ),
     "unified_sequences": Study(
-        (
-            Row(
-                "entropy_context",
-                "configs/unified_mnist_sequences.yaml",
-                _epochs("unified_sequences", "entropy_context"),
-                "the sequences row (table 3 stand-in): 54 x 54 MNIST sequences of 1-5 digits, entropy + context",
-            ),
-            # added in session 17 (the context weights of eq. 11 leak the label): without context, and with
-            # label-free context weights
-            Row(
-                "entropy",
-                "configs/unified_mnist_sequences.yaml",
-                [*_epochs("unified_sequences", "entropy_context"), "model.context=false"],
-                "entropy only (no context constraint)",
-                issue_row=False,
-            ),
-            Row(
-                "entropy_context_confidence",
-                "configs/unified_mnist_sequences.yaml",
-                [*_epochs("unified_sequences", "entropy_context"), "model.context_weights=confidence"],
-                "entropy + context with label-free weights max_k alpha_{t,k}",
-                issue_row=False,
-            ),
-        ),
+        sequences_rows(),
         (0,),
         "The sequences row of docs/unified.md (table 3 on 54 x 54 MNIST sequences of 1-5 digits, a stand-in for "
         "SVHN) run until validation stops improving: 18 glimpses, a token every 3; whole-sequence test error (%), "
