@@ -322,7 +322,7 @@ class Unified(RAM):
             stats["q_mean"] = torch.stack([q.detach().mean() for q in td.q]).mean()
         return StepOutput(loss, terms, stats)
 
-    def context_weights(self, hidden: Tensor, targets: Tensor) -> Tensor:
+    def context_weights(self, hidden: Tensor, targets: Tensor, kind: str | None = None) -> Tensor:
         """w ``(B, J, n)`` over the n steps of token j, normalised to sum to one (eq. 11): alpha_{t, y_j} with
         ``model.context_weights: label`` (the paper's), max_k alpha_{t, k} with ``confidence``.
 
@@ -332,26 +332,32 @@ class Unified(RAM):
         logs are kept, the context loss fell below 0.05 within 450 steps on 60 x 60, classification still near
         chance (docs/unified.md); stopping the gradient through w does not close it (the classifier's fixed scores
         still select, by y, the hidden states it maps to y: tests/methods/test_unified.py). ``confidence`` uses no
-        label, so C is a function of the image alone."""
+        label, so C is a function of the image alone. ``kind``: ``label`` or ``confidence`` instead of the
+        model's own ``model.context_weights`` (to measure the leak of a trained model)."""
         B, T, Hd = hidden.shape
         J = targets.shape[1]
         n = T // J
         alpha = self.classifier(hidden).softmax(-1).reshape(B, J, n, -1)  # alpha_t for every step
-        if self.cfg.context_weights == "confidence":
+        if (kind or self.cfg.context_weights) == "confidence":
             a = alpha.amax(-1)  # max_k alpha_{t, k}
         else:
             y = targets.clamp(min=0)
             a = alpha.gather(-1, y[:, :, None, None].expand(B, J, n, 1)).squeeze(-1)  # alpha_{t, y}
         return a / a.sum(-1, keepdim=True).clamp(min=1e-12)
 
-    def context_loss(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        """-y log z_hat with z_hat = f_c(C), C = sum_t w_t H_t (eq. 11)."""
+    def context_logits(self, hidden: Tensor, targets: Tensor, kind: str | None = None) -> Tensor:
+        """The logits of z_hat = f_c(C), C = sum_t w_t H_t (eq. 11): ``(B, J, K)``; ``kind`` as in
+        :meth:`context_weights`."""
         B, T, Hd = hidden.shape
         J = targets.shape[1]
-        w = self.context_weights(hidden, targets)
+        w = self.context_weights(hidden, targets, kind)
         C = (w[..., None] * hidden.reshape(B, J, T // J, Hd)).sum(2)  # (B, J, H)
-        z = self.context_net(C)
-        return F.cross_entropy(z.reshape(B * J, -1), targets.reshape(-1), ignore_index=-1)
+        return self.context_net(C)
+
+    def context_loss(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """-y log z_hat with z_hat = f_c(C), C = sum_t w_t H_t (eq. 11)."""
+        z = self.context_logits(hidden, targets)
+        return F.cross_entropy(z.reshape(-1, z.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
     def q_learning_loss(self, td: TopDown, reward: Tensor) -> Tensor:
         """Eq. 8-9 over the pyramid levels; r = R at the last level, 0 before; frozen targets."""
