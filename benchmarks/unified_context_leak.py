@@ -7,17 +7,20 @@ trains f_c to predict y from C = sum_t w_t H_t. Which steps get weight depends o
 weighting itself. On the test split (mean locations, a single pass), for every run of the source studies whose
 ``best.ckpt`` is on this machine and whose model has the context constraint:
 
-- ``accuracy``: the model's prediction (alpha_T), the figure its study reports (the summary checks that it is);
+- ``accuracy``: the model's prediction (alpha_T; a sequence is right when all its tokens are), the test accuracy its
+  study recorded (the summary checks that it is: the same episodes as the run's own test);
+- ``token_accuracy``: the same per token (equal to ``accuracy`` with one label per image);
 - ``context_accuracy``: f_c(C) with the true label's weights, as in training;
 - ``context_follows_wrong_label``: f_c(C) with the weights of a wrong label y' (y plus 1 to K-1, mod K, drawn with
   ``--seed``): how often f_c predicts y'. Without a leak f_c would mostly still see the image's class, so this would
-  be near (100 - accuracy) / (K - 1);
+  be near (100 - token_accuracy) / (K - 1);
 - ``context_accuracy_confidence``: f_c(C) with label-free weights max_k alpha_{t,k} (``model.context_weights``
-  ``confidence``), which f_c was not trained on: what C says about the image without the label.
+  ``confidence``). f_c was not trained with these weights, so this is only a lower bound of what C says about the
+  image without the label.
 
-Percent of the valid tokens (one per image, or the tokens of a sequence). Rows are named ``<source>:<row>``. A run
-whose ``best.ckpt`` is gone (run folders stay on the machine that trained them) is named in the summary and left out;
-this is evidence for docs/unified.md, not a table of issue 22, so there is no retraining here.
+The context figures are percent of the valid tokens (one per image, or the tokens of a sequence). Rows are named
+``<source>:<row>``. A run whose ``best.ckpt`` is gone (run folders stay on the machine that trained them) is named in
+the summary and left out; this is evidence for docs/unified.md, not a table of issue 22, so there is no retraining.
 """
 
 from __future__ import annotations
@@ -44,27 +47,33 @@ def settings(seed: int) -> dict:
 
 @torch.no_grad()
 def measure(checkpoint: Path, data_dir: str | None, seed: int) -> dict | None:
-    """The four figures of one checkpoint on its whole test split; None when its model has no context constraint."""
+    """The figures of one checkpoint on its whole test split; None when its model has no context constraint. The
+    episodes are those of the run's own test (``rlattention fit``'s): eval mode, mean locations, batches of
+    ``trainer.eval_batch_size``, one stream of ``eval.seed`` for a random first glimpse."""
     from rlattention.engine.loading import load_for_eval
 
     cfg, model, splits = load_for_eval(checkpoint, data_dir)
     if not getattr(cfg.model, "context", False):
         return None
     model.eval()
-    g = torch.Generator().manual_seed(seed)
-    counts = {"accuracy": 0, "context_accuracy": 0, "context_follows_wrong_label": 0, "context_accuracy_confidence": 0}
-    tokens = 0
+    episodes = torch.Generator().manual_seed(cfg.eval.seed)
+    g = torch.Generator().manual_seed(seed)  # the wrong labels
+    keys = ("token_accuracy", "context_accuracy", "context_follows_wrong_label", "context_accuracy_confidence")
+    counts, tokens, right = dict.fromkeys(keys, 0), 0, 0
     test = splits.test
-    for a in range(0, len(test), BATCH):
-        images, targets = test.images[a : a + BATCH], test.targets[a : a + BATCH]
+    for a in range(0, len(test), cfg.trainer.eval_batch_size):
+        images, targets = (
+            test.images[a : a + cfg.trainer.eval_batch_size],
+            test.targets[a : a + cfg.trainer.eval_batch_size],
+        )
         images = images.float().div(255.0) if images.dtype == torch.uint8 else images.float()
-        ep, logits, _ = model.run(images, deterministic=True)
+        ep, logits, _ = model.run(images, deterministic=True, generator=episodes)
         y = model._targets(targets)  # (B, J), -1 where a sequence has no token
         valid = y >= 0
         K = logits.shape[-1]
         wrong = torch.where(valid, (y + torch.randint(1, K, y.shape, generator=g)) % K, y)
         hits = {
-            "accuracy": logits.argmax(-1) == y,
+            "token_accuracy": logits.argmax(-1) == y,
             "context_accuracy": model.context_logits(ep.hidden, y, "label").argmax(-1) == y,
             "context_follows_wrong_label": model.context_logits(ep.hidden, wrong, "label").argmax(-1) == wrong,
             "context_accuracy_confidence": model.context_logits(ep.hidden, y, "confidence").argmax(-1) == y,
@@ -72,12 +81,14 @@ def measure(checkpoint: Path, data_dir: str | None, seed: int) -> dict | None:
         for k, h in hits.items():
             counts[k] += int((h & valid).sum())
         tokens += int(valid.sum())
-    return {**{k: round(100.0 * v / tokens, 4) for k, v in counts.items()}, "tokens": tokens,
-            "num_classes": K}  # fmt: skip
+        right += int((hits["token_accuracy"] | ~valid).all(-1).sum())  # every token of the image right
+    figures = {k: round(100.0 * v / tokens, 4) for k, v in counts.items()}
+    return {"accuracy": round(100.0 * right / len(test), 4), **figures, "tokens": tokens, "num_classes": K}
 
 
 def metrics(report: dict) -> dict[str, float]:
-    keys = ("accuracy", "context_accuracy", "context_follows_wrong_label", "context_accuracy_confidence")
+    keys = ("accuracy", "token_accuracy", "context_accuracy", "context_follows_wrong_label",
+            "context_accuracy_confidence")  # fmt: skip
     return {k: float(report[k]) for k in keys}
 
 

@@ -39,6 +39,7 @@ def test_a_context_run_is_measured_once_and_the_others_left_out(leak, benchmark_
     (rec,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert rec["row"] == "unified_tiny:ctx" and rec["report"]["tokens"] == 48  # the whole test split, one token each
     assert rec["report"]["accuracy"] == pytest.approx(records[0]["report"]["test"]["accuracy"], abs=1e-3)
+    assert rec["report"]["token_accuracy"] == rec["report"]["accuracy"]  # one label per image
     for key in ("context_accuracy", "context_follows_wrong_label", "context_accuracy_confidence"):
         assert 0.0 <= rec["report"][key] <= 100.0
     doc = json.loads((out / "summary.json").read_text())

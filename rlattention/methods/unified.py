@@ -330,10 +330,10 @@ class Unified(RAM):
         even where the hidden states say nothing about it, and the classifier's outputs at the steps before the
         last (which no other loss constrains) learn to make that code. In the four runs of issue 22 whose training
         logs are kept, the context loss fell below 0.05 within 450 steps on 60 x 60, classification still near
-        chance (docs/unified.md); stopping the gradient through w does not close it (the classifier's fixed scores
-        still select, by y, the hidden states it maps to y: tests/methods/test_unified.py). ``confidence`` uses no
-        label, so C is a function of the image alone. ``kind``: ``label`` or ``confidence`` instead of the
-        model's own ``model.context_weights`` (to measure the leak of a trained model)."""
+        chance (docs/unified.md); stopping the gradient through w shrinks it but does not close it (the
+        classifier's fixed scores still select, by y, the hidden states it maps to y: tests/methods/test_unified.py).
+        ``confidence`` uses no label, so C is a function of the image and the locations alone. ``kind``: ``label``
+        or ``confidence`` instead of the model's own ``model.context_weights`` (to measure a trained model's leak)."""
         B, T, Hd = hidden.shape
         J = targets.shape[1]
         n = T // J

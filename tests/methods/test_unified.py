@@ -301,11 +301,12 @@ def _context_loss_on_noise(weights: str, detach: bool = False, steps: int = 150)
     for _ in range(steps):
         hidden = torch.randn(256, 6, 32, generator=g)
         y = torch.randint(0, 10, (256, 1), generator=g)
-        w = m.context_weights(hidden, y)
-        if detach:
-            w = w.detach()
-        C = (w[..., None] * hidden.reshape(256, 1, 6, 32)).sum(2)
-        loss = torch.nn.functional.cross_entropy(m.context_net(C).reshape(256, -1), y.reshape(-1))
+        if detach:  # eq. 11 with no gradient through the weights
+            w = m.context_weights(hidden, y).detach()
+            z = m.context_net((w[..., None] * hidden.reshape(256, 1, 6, 32)).sum(2))
+        else:
+            z = m.context_logits(hidden, y)
+        loss = torch.nn.functional.cross_entropy(z.reshape(256, -1), y.reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
