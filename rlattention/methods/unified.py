@@ -68,7 +68,7 @@ class UnifiedConfig(RAMConfig):
     context_weight: float = 1.0  # beta_1
     context_hidden: int = 256  # hidden width of f_c
     # the weights w_t of C (eq. 11): "label" (the paper's alpha_{t,y}: the true class's probability; it lets f_c read
-    # y from which steps were weighted, see UnifiedModel.context_weights) | "confidence" (max_k alpha_{t,k}: no label)
+    # y from which steps were weighted, see Unified.context_weights) | "confidence" (max_k alpha_{t,k}: no label)
     context_weights: str = "label"
     # top-down
     top_down: bool = False
@@ -334,11 +334,14 @@ class Unified(RAM):
         classifier's fixed scores still select, by y, the hidden states it maps to y: tests/methods/test_unified.py).
         ``confidence`` uses no label, so C is a function of the image and the locations alone. ``kind``: ``label``
         or ``confidence`` instead of the model's own ``model.context_weights`` (to measure a trained model's leak)."""
+        kind = kind or self.cfg.context_weights
+        if kind not in ("label", "confidence"):
+            raise ValueError(f"context weights must be 'label' or 'confidence', got {kind!r}")
         B, T, Hd = hidden.shape
         J = targets.shape[1]
         n = T // J
         alpha = self.classifier(hidden).softmax(-1).reshape(B, J, n, -1)  # alpha_t for every step
-        if (kind or self.cfg.context_weights) == "confidence":
+        if kind == "confidence":
             a = alpha.amax(-1)  # max_k alpha_{t, k}
         else:
             y = targets.clamp(min=0)

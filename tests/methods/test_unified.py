@@ -338,3 +338,5 @@ def test_confidence_weights_are_the_normalised_top_probability_and_ignore_the_la
     torch.testing.assert_close(w[:, 0], top / top.sum(-1, keepdim=True))
     with pytest.raises(ValueError, match="model.context_weights must be 'label' or 'confidence', got 'true'"):
         _model(context=True, context_weights="true")
+    with pytest.raises(ValueError, match="context weights must be 'label' or 'confidence', got 'uniform'"):
+        m.context_weights(hidden, torch.zeros(5, 1, dtype=torch.long), "uniform")
