@@ -51,6 +51,9 @@ class Row:
     # (study, row): this row is that row of another study, the same config key by key; its runs are that study's
     # records of the same seed (read from ``<out>/../<study>/runs.jsonl``), copied here, never trained twice
     same_as: tuple[str, str] = ()
+    # a run recorded at a smaller epoch cap than the row's is continued to the row's cap (see :func:`extend_one`)
+    # instead of being kept as it is; only for rows whose training does not depend on the cap (checked)
+    extendable: bool = False
 
 
 def machine(records: Sequence[dict] = ()) -> str:
@@ -400,6 +403,195 @@ def _curves_or_none(run_dir: Path) -> dict[str, list[float]]:
         return {}
 
 
+#: the keys an extension changes (:func:`extend_one`): the epoch cap and, with it, the first epoch early stopping
+#: monitors (a study sets it from the cap)
+EXTEND_KEYS = ("trainer.epochs", "trainer.early_stop_start_epoch")
+#: the settings under which a run's training depends on its cap (the schedules' horizon), so that continuing it to a
+#: larger cap is not the run a larger cap would have trained: key -> the value that keeps it independent
+HORIZON_FREE = {"optim.schedule": "none", "trainer.max_steps": 0, "model.std_final": None, "model.top_down": False}
+
+
+def planned_epochs(command: str) -> int:
+    """The epoch cap of a recorded ``rlattention fit`` command: its last ``trainer.epochs=``, else its config's."""
+    parts = shlex.split(command)
+    given = [p.split("=", 1)[1] for p in parts if p.startswith("trainer.epochs=")]
+    if given:
+        return int(given[-1])
+    from rlattention.engine.config import load_config
+
+    return load_config(ROOT / parts[parts.index("--config") + 1], []).trainer.epochs
+
+
+def current_records(records: Sequence[dict]) -> list[dict]:
+    """The records without those that an extension replaced (its record names the command it extended, see
+    :func:`extend_one`); ``runs.jsonl`` keeps both."""
+    replaced = {(r["row"], r["seed"], r["extended"]["from_command"]) for r in records if "extended" in r}
+    return [r for r in records if (r["row"], r["seed"], r.get("command")) not in replaced]
+
+
+def needs_extension(row: Row, record: dict, data_dir: str | None, work: Path, extra: Sequence[str]) -> bool:
+    """Whether ``record`` is a run of an ``extendable`` row that ended at a smaller cap than the row's (and did not
+    stop early: a run that converged before its cap is done)."""
+    if not row.extendable or record["report"].get("early_stopped"):
+        return False
+    want = planned_epochs(shlex.join(fit_argv(row, record["seed"], data_dir, work, 1, extra)))
+    return planned_epochs(record["command"]) < want
+
+
+def _replay(curve: Sequence[float], start: int, mode: str, patience: int, min_delta: float) -> tuple:
+    """The early-stopping state (reference value, its epoch, stale validations) after ``curve`` (one validation an
+    epoch) under the trainer's rule monitored from epoch ``start``."""
+    from types import SimpleNamespace
+
+    from rlattention.engine import stopping
+
+    cfg = SimpleNamespace(early_stop_patience=patience, early_stop_min_delta=min_delta, early_stop_start_epoch=start)
+    state = SimpleNamespace(stop_value=None, stop_epoch=-1, stale_validations=0, epoch=0)
+    for epoch, value in enumerate(curve, 1):
+        state.epoch = epoch
+        stopping.update(state, value, mode, cfg)
+    return state.stop_value, state.stop_epoch, state.stale_validations
+
+
+def extension_plan(
+    row: Row, record: dict, data_dir: str | None, work: Path, extra: Sequence[str]
+) -> tuple[dict | None, str]:
+    """Whether the recorded run of ``record`` can be continued to ``row``'s cap as :func:`extend_one` does:
+    ``(plan, "")`` or ``(None, why not)``. It can when its folder holds that run (its ``report.json`` equals the
+    record's, or, an extension under way, the kept ``report.cap<N>.json`` does), with ``checkpoints/last.ckpt``
+    whose config is the row's but for :data:`EXTEND_KEYS`; when its training does not depend on the cap
+    (:data:`HORIZON_FREE`); when it validated every epoch; and when its early-stopping state is the one a run
+    monitored from the new start epoch has at the same epoch (replayed on its validation curve), so that the
+    continued run is the run the larger cap trains from the start."""
+    from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
+    from rlattention.engine.config import ConfigError, from_dict, to_dict
+    from rlattention.engine.registry import get_method
+
+    seed = record["seed"]
+    argv = fit_argv(row, seed, data_dir, work, 1, extra)
+    want = resolved_config(row.config, argv[6 if data_dir else 4 : -2], data_dir)
+    old_cap, new_cap = planned_epochs(record["command"]), int(want["trainer.epochs"])
+    try:
+        run_dir = run_dir_of(record["command"])
+    except KeyError:
+        return None, "its command names no run folder"
+    kept = run_dir / f"report.cap{old_cap}.json"
+    if kept.is_file():  # an extension under way (or finished with no record: its resume only tests again)
+        have, first = kept, False
+    elif (run_dir / "report.json").is_file():
+        have, first = run_dir / "report.json", True
+    else:
+        return None, f"{run_dir} holds neither its report.json nor {kept.name} (gone, or another run)"
+    try:
+        report = json.loads(have.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"{have} cannot be read ({e})"
+    if not isinstance(report, dict) or _settled(report) != _settled(record["report"]):
+        return None, f"{have} is not the recorded run's report (another run in that folder?)"
+    tied = {k: want.get(k) for k in HORIZON_FREE if k in want and want.get(k) != HORIZON_FREE[k]}
+    if tied:
+        return None, f"its training depends on the cap ({', '.join(f'{k}={v!r}' for k, v in tied.items())})"
+    if want.get("trainer.val_every") != 1:
+        return None, f"it validates every {want.get('trainer.val_every')} epochs (an extension needs every epoch)"
+    ckpt_path = run_dir / "checkpoints" / "last.ckpt"
+    if not ckpt_path.is_file():
+        return None, f"{ckpt_path} is gone"
+    try:
+        ckpt = load_checkpoint_file(ckpt_path)
+        have_cfg = _flat(to_dict(from_dict(ckpt["config"], source=f"{ckpt_path} (config)")))
+    except (CheckpointError, ConfigError) as e:
+        return None, str(e)
+    if want.get("data.data_dir"):
+        have_cfg["data.data_dir"] = os.path.realpath(ROOT / str(have_cfg.get("data.data_dir")))
+    differ = config_differences(have_cfg, {**want, **{k: have_cfg.get(k) for k in EXTEND_KEYS}}, "then", "now")
+    if differ:
+        return None, f"its config differs from the row's in more than the cap ({differ})"
+    progress = ckpt.get("progress") or {}
+    if first and progress.get("step") != record["report"].get("steps"):
+        return None, f"{ckpt_path} is at step {progress.get('step')}, not at the recorded run's end"
+    metric, mode = get_method(want["method"]).selection_metric
+    curve = validation_curve(run_dir, f"val/{metric}")
+    epoch = progress.get("epoch", 0)
+    if len(curve) < epoch:
+        return None, f"its logs hold {len(curve)} validations of val/{metric}, fewer than its {epoch} epochs"
+    rule = (mode, int(want["trainer.early_stop_patience"]), float(want["trainer.early_stop_min_delta"]))
+    then = (progress.get("stop_value"), progress.get("stop_epoch"), progress.get("stale_validations"))
+    old_start, new_start = int(have_cfg["trainer.early_stop_start_epoch"]), int(want["trainer.early_stop_start_epoch"])
+    if _replay(curve[:epoch], old_start, *rule) != then:
+        return None, f"its early-stopping state {then} is not a replay of its val/{metric} curve"
+    if _replay(curve[:epoch], new_start, *rule) != then:
+        return None, (
+            f"monitored from epoch {new_start}, early stopping would be in another state at epoch {epoch} than the "
+            f"run's {then}: the continued run would not be the run of the larger cap"
+        )
+    return {
+        "run_dir": run_dir, "first": first, "old_cap": old_cap, "new_cap": new_cap, "epoch": epoch,
+        "step": progress.get("step"), "start_epoch": new_start,
+    }, ""  # fmt: skip
+
+
+def extend_one(row: Row, record: dict, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
+    """Continue the recorded run of ``record`` (its cap smaller than ``row``'s) to the row's cap:
+    ``rlattention fit --resume`` with the new ``trainer.epochs`` and ``trainer.early_stop_start_epoch``, when
+    :func:`extension_plan` allows it (else a ``RuntimeError`` saying why). With a cap-independent training (checked
+    there) this is exactly the run that the row's cap trains from the start, so the new record's ``command`` is that
+    fresh run's command; ``extended`` says what was continued (``from_epochs``, ``from_command``, the ``command``
+    that continued it and the earlier ``test`` figures) and :func:`current_records` then drops the earlier record
+    (``runs.jsonl`` keeps it). Before anything is trained, the earlier run's ``report.json``, ``figures/`` and
+    ``checkpoints/best.ckpt`` are kept beside as ``report.cap<N>.json``, ``figures.cap<N>/`` and
+    ``best.cap<N>.ckpt``; a killed extension continues from its last checkpoint the same way."""
+    import shutil
+
+    plan, why = extension_plan(row, record, data_dir, work, extra)
+    if plan is None:
+        raise RuntimeError(f"{row.name} seed {record['seed']} cannot be extended: {why}")
+    run_dir, cap = plan["run_dir"], plan["old_cap"]
+    if plan["first"]:  # keep the earlier run's outputs; report.json last, so that a kill in between repeats this
+        best, best_kept = run_dir / "checkpoints" / "best.ckpt", run_dir / "checkpoints" / f"best.cap{cap}.ckpt"
+        if best.is_file() and not best_kept.exists():
+            shutil.copy2(best, best_kept.with_suffix(".partial"))
+            best_kept.with_suffix(".partial").rename(best_kept)
+        figures, figures_kept = run_dir / "figures", run_dir / f"figures.cap{cap}"
+        if figures.is_dir() and not figures_kept.exists():
+            figures.rename(figures_kept)
+        (run_dir / "report.json").rename(run_dir / f"report.cap{cap}.json")
+    run_argv = [
+        "rlattention", "fit", "--resume", str(run_dir), *(["--data-dir", data_dir] if data_dir else []),
+        f"trainer.epochs={plan['new_cap']}", f"trainer.early_stop_start_epoch={plan['start_epoch']}",
+        "trainer.progress=false", f"trainer.num_threads={threads}",
+    ]  # fmt: skip
+    print(f"[study] {run_dir}: extending from epoch {plan['epoch']} (cap {cap}) to cap {plan['new_cap']}", flush=True)
+    t0 = time.time()
+    log_path = work / f"{run_dir.name}.log"
+    with log_path.open("a") as f:
+        f.write(f"# {shlex.join(run_argv)}\n")
+        f.flush()
+        code = subprocess.run(run_argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True).returncode
+    if code != 0:
+        raise RuntimeError(f"{shlex.join(run_argv)} failed ({code}); see {log_path}")
+    report = json.loads((run_dir / "report.json").read_text())
+    overrides = [o.format(seed=record["seed"], work=work) for o in row.overrides]
+    return {
+        "row": row.name,
+        "seed": record["seed"],
+        "config": row.config,
+        "overrides": overrides + list(extra),
+        "command": shlex.join(fit_argv(row, record["seed"], data_dir, work, threads, extra)),
+        "extended": {
+            "from_epochs": cap,
+            "from_command": record["command"],
+            "step": plan["step"],
+            "epoch": plan["epoch"],
+            "command": shlex.join(run_argv),
+            "earlier_test": record["report"].get("test"),
+            "kept": [f"report.cap{cap}.json", f"figures.cap{cap}", f"checkpoints/best.cap{cap}.ckpt"],
+        },
+        "report": report,
+        "wall_seconds": round(time.time() - t0, 1),
+        "validation_curves": _curves_or_none(run_dir),
+    }
+
+
 def select_candidate(row: Row, records: list[dict]) -> tuple[str, str] | None:
     """``(candidate row, how it was chosen)`` for a row with ``candidates``: the candidate with the highest mean
     validation figure ``report[row.select_key]``, over the seeds that every candidate with records has run (so that
@@ -600,8 +792,14 @@ def main(
         ran_one = True
         while ran_one:  # again after a run: it may complete a comparison that lets the chosen candidate go on
             ran_one = False
-            records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in _records(log)]
-            done = {(r["row"], r["seed"]) for r in records}
+            records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in current_records(_records(log))]
+            by_name = {row.name: row for row in rows}
+            short = {  # recorded at a smaller cap than their extendable row's: continued to it (extend_one)
+                (r["row"], r["seed"]): r
+                for r in records
+                if r["row"] in by_name and needs_extension(by_name[r["row"]], r, args.data_dir, work, args.overrides)
+            }
+            done = {(r["row"], r["seed"]) for r in records} - set(short)
             for row in rows:
                 if row.candidates or (args.rows and row.name not in wanted):
                     continue
@@ -612,7 +810,14 @@ def main(
                     if why:
                         waiting[row.name, seed] = why
                         continue
-                    if row.same_as:
+                    if (row.name, seed) in short:
+                        plan, why = extension_plan(row, short[row.name, seed], args.data_dir, work, args.overrides)
+                        if plan is None:
+                            waiting[row.name, seed] = f"recorded at a smaller cap, which cannot be extended: {why}"
+                            continue
+                        print(f"[{study}] {row.name} seed {seed}: extending its run to the row's cap ...", flush=True)
+                        rec = extend_one(row, short[row.name, seed], args.data_dir, work, args.threads, args.overrides)
+                    elif row.same_as:
                         rec = shared_record(row, seed, args.data_dir, out, args.overrides)
                         if rec is None:
                             waiting[row.name, seed] = (
@@ -637,7 +842,10 @@ def main(
     added = keep_validation_curves(log)
     if added:
         print(f"[{study}] kept the validation curves of {added} earlier record(s) in {log.with_name('curves.jsonl')}")
-    records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in with_kept_curves(_records(log), log)]
+    records = [
+        {**r, "report": in_percent(r["report"], fraction_keys)}
+        for r in with_kept_curves(current_records(_records(log)), log)
+    ]
     doc = summarise(
         study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds,
         curve_key=curve_key,
