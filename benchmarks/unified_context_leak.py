@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from study import ROOT, Row, _records, summarise
+from study import ROOT, Row, _records, current_records, summarise
 from unified_pgd import checkpoint_of
 
 DEFAULT_SOURCES = ("unified_beta2", "unified_sequences")
@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if r.get("settings") != settings(args.seed):
             sys.exit(f"{log}: {r['row']} seed {r['seed']} was measured with {r.get('settings')}, not "
                      f"{settings(args.seed)}; give another --out for these")  # fmt: skip
-    done = {(r["row"], r["seed"]) for r in records}
+    done = {(r["row"], r["seed"], r["source_command"]) for r in records}  # a source run extended since is new
+    current = set()  # the source runs that count now (an extended run replaces its earlier record)
     command = "nice -n 10 python benchmarks/unified_context_leak.py" + (f" --data-dir {args.data_dir}"
                                                                        if args.data_dir else "")  # fmt: skip
     if list(args.sources) != list(DEFAULT_SOURCES):
@@ -135,10 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for given in args.sources:
         folder = Path(given) if Path(given).is_dir() else ROOT / "benchmarks" / "results" / given
         source = folder.name
-        for src in _records(folder / "runs.jsonl"):
+        for src in current_records(_records(folder / "runs.jsonl")):
             name, ckpt = f"{source}:{src['row']}", checkpoint_of(src)
             rows.setdefault(name, Row(name, src["config"], note=f"{source} row {src['row']}", issue_row=False))
-            if (name, src["seed"]) in done:
+            current.add((name, src["seed"], src["command"]))
+            if (name, src["seed"], src["command"]) in done:
                 continue
             if not ckpt.is_file():
                 missing.append(f"{name} seed {src['seed']}")
@@ -159,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f.write(json.dumps(rec) + "\n")
             records.append(rec)
             print(f"[context_leak] {name} seed {src['seed']}: {metrics(report)}", flush=True)
+    records = [r for r in records if (r["row"], r["seed"], r["source_command"]) in current]
     measured = {r["row"] for r in records}
     description = (
         "the context constraint's label leak (eq. 11): on the whole test split, mean locations, single pass, the "
