@@ -220,6 +220,20 @@ def run_dir_of(command: str) -> Path:
     return (out if out.is_absolute() else ROOT / out) / opts["trainer.run_name"]
 
 
+def checkpoint_of(record: dict) -> Path:
+    """The best-validation checkpoint of a recorded run (its folder read off the record's command):
+    ``checkpoints/best.ckpt``, or ``checkpoints/best.cap<N>.ckpt`` once the run has been extended beyond its N epochs
+    (:func:`extend_one`: the folder then keeps the recorded run's report as ``report.cap<N>.json``)."""
+    run_dir = run_dir_of(record["command"])
+    epochs = (record.get("report") or {}).get("epochs")
+    kept = run_dir / f"report.cap{epochs}.json"
+    try:
+        extended = _settled(json.loads(kept.read_text())) == _settled(record.get("report") or {})
+    except (OSError, ValueError, AttributeError):
+        extended = False
+    return run_dir / "checkpoints" / (f"best.cap{epochs}.ckpt" if extended else "best.ckpt")
+
+
 #: keys a study may pass differently when it continues a run (how it is run, not what is trained)
 RESUME_FREE_KEYS = ("trainer.progress", "trainer.num_threads")
 
@@ -407,50 +421,69 @@ def _curves_or_none(run_dir: Path) -> dict[str, list[float]]:
 #: monitors (a study sets it from the cap)
 EXTEND_KEYS = ("trainer.epochs", "trainer.early_stop_start_epoch")
 #: the settings under which a run's training depends on its cap (the schedules' horizon), so that continuing it to a
-#: larger cap is not the run a larger cap would have trained: key -> the value that keeps it independent
+#: larger cap is not the run a larger cap would have trained: key -> the value that keeps it independent. Checked for
+#: the methods of :data:`EXTENDABLE_METHODS` only, whose every cap-dependent setting this lists (another method's,
+#: e.g. darp's epsilon decay, would need its own entries)
 HORIZON_FREE = {"optim.schedule": "none", "trainer.max_steps": 0, "model.std_final": None, "model.top_down": False}
+EXTENDABLE_METHODS = ("ram", "unified")
 
 
-def planned_epochs(command: str) -> int:
-    """The epoch cap of a recorded ``rlattention fit`` command: its last ``trainer.epochs=``, else its config's."""
-    parts = shlex.split(command)
-    given = [p.split("=", 1)[1] for p in parts if p.startswith("trainer.epochs=")]
+def row_cap(row: Row, seed: int, data_dir: str | None, work: Path, extra: Sequence[str]) -> int:
+    """The epoch cap that ``row`` trains ``seed`` with now (its last ``trainer.epochs=``, else its config's)."""
+    argv = fit_argv(row, seed, data_dir, work, 1, extra)
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("trainer.epochs=")]
     if given:
         return int(given[-1])
     from rlattention.engine.config import load_config
 
-    return load_config(ROOT / parts[parts.index("--config") + 1], []).trainer.epochs
+    return load_config(ROOT / row.config, []).trainer.epochs
+
+
+def _identity(row: str, seed: int, command: str | None, test: object) -> str:
+    """What tells one record from another: its row, seed, command and test figures."""
+    return json.dumps([row, seed, command, test], sort_keys=True)
 
 
 def current_records(records: Sequence[dict]) -> list[dict]:
-    """The records without those that an extension replaced (its record names the command it extended, see
-    :func:`extend_one`); ``runs.jsonl`` keeps both."""
-    replaced = {(r["row"], r["seed"], r["extended"]["from_command"]) for r in records if "extended" in r}
-    return [r for r in records if (r["row"], r["seed"], r.get("command")) not in replaced]
+    """The records without those that an extension replaced (its record names the command and test figures of the
+    run it extended, see :func:`extend_one`); ``runs.jsonl`` keeps both."""
+    replaced = {
+        _identity(r["row"], r["seed"], r["extended"]["from_command"], r["extended"].get("earlier_test"))
+        for r in records
+        if "extended" in r
+    }
+    return [
+        r
+        for r in records
+        if _identity(r["row"], r["seed"], r.get("command"), (r.get("report") or {}).get("test")) not in replaced
+    ]
 
 
 def needs_extension(row: Row, record: dict, data_dir: str | None, work: Path, extra: Sequence[str]) -> bool:
-    """Whether ``record`` is a run of an ``extendable`` row that ended at a smaller cap than the row's (and did not
-    stop early: a run that converged before its cap is done)."""
-    if not row.extendable or record["report"].get("early_stopped"):
+    """Whether ``record`` is a run of an ``extendable`` row that trained fewer epochs than the row's cap now (its
+    report's ``epochs``) and did not stop early (a run that converged before its cap is done)."""
+    report = record["report"]
+    if not row.extendable or report.get("early_stopped") or not isinstance(report.get("epochs"), int):
         return False
-    want = planned_epochs(shlex.join(fit_argv(row, record["seed"], data_dir, work, 1, extra)))
-    return planned_epochs(record["command"]) < want
+    return report["epochs"] < row_cap(row, record["seed"], data_dir, work, extra)
 
 
-def _replay(curve: Sequence[float], start: int, mode: str, patience: int, min_delta: float) -> tuple:
+def _replay(curve: Sequence[float], start: int, mode: str, patience: int, min_delta: float) -> tuple[tuple, int | None]:
     """The early-stopping state (reference value, its epoch, stale validations) after ``curve`` (one validation an
-    epoch) under the trainer's rule monitored from epoch ``start``."""
+    epoch) under the trainer's rule monitored from epoch ``start``, and the epoch after which that rule would have
+    ended the run (None: it would not have within the curve)."""
     from types import SimpleNamespace
 
     from rlattention.engine import stopping
 
     cfg = SimpleNamespace(early_stop_patience=patience, early_stop_min_delta=min_delta, early_stop_start_epoch=start)
-    state = SimpleNamespace(stop_value=None, stop_epoch=-1, stale_validations=0, epoch=0)
+    state = SimpleNamespace(stop_value=None, stop_epoch=-1, stale_validations=0, epoch=0, step=0, total_steps=1 << 62)
+    stop = None
     for epoch, value in enumerate(curve, 1):
-        state.epoch = epoch
-        stopping.update(state, value, mode, cfg)
-    return state.stop_value, state.stop_epoch, state.stale_validations
+        state.epoch = state.step = epoch
+        if stopping.update(state, value, mode, cfg) and stop is None:
+            stop = epoch
+    return (state.stop_value, state.stop_epoch, state.stale_validations), stop
 
 
 def extension_plan(
@@ -466,15 +499,23 @@ def extension_plan(
     from rlattention.engine.checkpoint import CheckpointError, load_checkpoint_file
     from rlattention.engine.config import ConfigError, from_dict, to_dict
     from rlattention.engine.registry import get_method
+    from rlattention.engine.rundir import lock_run_dir
 
+    if row.same_as or row.candidates:
+        return None, "a row that copies another study's runs or chooses among candidates is not extended itself"
     seed = record["seed"]
     argv = fit_argv(row, seed, data_dir, work, 1, extra)
     want = resolved_config(row.config, argv[6 if data_dir else 4 : -2], data_dir)
-    old_cap, new_cap = planned_epochs(record["command"]), int(want["trainer.epochs"])
+    old_cap, new_cap = int(record["report"]["epochs"]), int(want["trainer.epochs"])
+    if want.get("method") not in EXTENDABLE_METHODS:
+        return None, f"method {want.get('method')!r}: only {', '.join(EXTENDABLE_METHODS)} runs are extended"
     try:
         run_dir = run_dir_of(record["command"])
     except KeyError:
         return None, "its command names no run folder"
+    if not run_dir.is_dir():
+        return None, f"{run_dir} is gone"
+    lock_run_dir(run_dir, record_pid=False).release()  # RunFolderBusy while a process trains in it: the study stops
     kept = run_dir / f"report.cap{old_cap}.json"
     if kept.is_file():  # an extension under way (or finished with no record: its resume only tests again)
         have, first = kept, False
@@ -507,7 +548,7 @@ def extension_plan(
     if differ:
         return None, f"its config differs from the row's in more than the cap ({differ})"
     progress = ckpt.get("progress") or {}
-    if first and progress.get("step") != record["report"].get("steps"):
+    if first and progress.get("step") != report.get("steps"):
         return None, f"{ckpt_path} is at step {progress.get('step')}, not at the recorded run's end"
     metric, mode = get_method(want["method"]).selection_metric
     curve = validation_curve(run_dir, f"val/{metric}")
@@ -517,29 +558,35 @@ def extension_plan(
     rule = (mode, int(want["trainer.early_stop_patience"]), float(want["trainer.early_stop_min_delta"]))
     then = (progress.get("stop_value"), progress.get("stop_epoch"), progress.get("stale_validations"))
     old_start, new_start = int(have_cfg["trainer.early_stop_start_epoch"]), int(want["trainer.early_stop_start_epoch"])
-    if _replay(curve[:epoch], old_start, *rule) != then:
+    if _replay(curve[:epoch], old_start, *rule)[0] != then:
         return None, f"its early-stopping state {then} is not a replay of its val/{metric} curve"
-    if _replay(curve[:epoch], new_start, *rule) != then:
+    state, stop = _replay(curve[:epoch], new_start, *rule)
+    if stop is not None and stop < epoch:
         return None, (
-            f"monitored from epoch {new_start}, early stopping would be in another state at epoch {epoch} than the "
-            f"run's {then}: the continued run would not be the run of the larger cap"
+            f"monitored from epoch {new_start}, early stopping would have ended the run after epoch {stop}, before "
+            f"its {epoch}: the continued run would not be the run of the larger cap"
         )
-    return {
-        "run_dir": run_dir, "first": first, "old_cap": old_cap, "new_cap": new_cap, "epoch": epoch,
-        "step": progress.get("step"), "start_epoch": new_start,
-    }, ""  # fmt: skip
+    if state != then:
+        return None, (
+            f"monitored from epoch {new_start}, early stopping would be in another state at epoch {epoch} "
+            f"({state}) than the run's {then}: the continued run would not be the run of the larger cap"
+        )
+    return {"run_dir": run_dir, "first": first, "old_cap": old_cap, "new_cap": new_cap, "start_epoch": new_start}, ""
 
 
 def extend_one(row: Row, record: dict, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
-    """Continue the recorded run of ``record`` (its cap smaller than ``row``'s) to the row's cap:
+    """Continue the recorded run of ``record`` (fewer epochs than ``row``'s cap) to the row's cap:
     ``rlattention fit --resume`` with the new ``trainer.epochs`` and ``trainer.early_stop_start_epoch``, when
     :func:`extension_plan` allows it (else a ``RuntimeError`` saying why). With a cap-independent training (checked
-    there) this is exactly the run that the row's cap trains from the start, so the new record's ``command`` is that
-    fresh run's command; ``extended`` says what was continued (``from_epochs``, ``from_command``, the ``command``
-    that continued it and the earlier ``test`` figures) and :func:`current_records` then drops the earlier record
+    there) this is exactly the run that the row's cap trains from the start (at the same ``--threads`` as the
+    recorded run), so the new record's ``command`` is that fresh run's command; ``extended`` says what was continued
+    (``from_epochs``, ``from_command``, the step and epoch of the recorded run's end, the ``command`` that continued
+    it, the earlier ``test`` figures, what was kept) and :func:`current_records` then drops the earlier record
     (``runs.jsonl`` keeps it). Before anything is trained, the earlier run's ``report.json``, ``figures/`` and
     ``checkpoints/best.ckpt`` are kept beside as ``report.cap<N>.json``, ``figures.cap<N>/`` and
-    ``best.cap<N>.ckpt``; a killed extension continues from its last checkpoint the same way."""
+    ``best.cap<N>.ckpt``; its ``last.ckpt`` and ``config.yaml`` move on as a resumed run's do, and its
+    ``logs/metrics.csv`` loses the test rows logged after the last epoch (they are in ``report.cap<N>.json``). A
+    killed extension continues from its last checkpoint the same way; the folder's lock is checked first."""
     import shutil
 
     plan, why = extension_plan(row, record, data_dir, work, extra)
@@ -560,7 +607,8 @@ def extend_one(row: Row, record: dict, data_dir: str | None, work: Path, threads
         f"trainer.epochs={plan['new_cap']}", f"trainer.early_stop_start_epoch={plan['start_epoch']}",
         "trainer.progress=false", f"trainer.num_threads={threads}",
     ]  # fmt: skip
-    print(f"[study] {run_dir}: extending from epoch {plan['epoch']} (cap {cap}) to cap {plan['new_cap']}", flush=True)
+    kept = [f"report.cap{cap}.json", f"figures.cap{cap}", f"checkpoints/best.cap{cap}.ckpt"]
+    print(f"[study] {run_dir}: extending its run of {cap} epochs to the cap {plan['new_cap']}", flush=True)
     t0 = time.time()
     log_path = work / f"{run_dir.name}.log"
     with log_path.open("a") as f:
@@ -580,11 +628,11 @@ def extend_one(row: Row, record: dict, data_dir: str | None, work: Path, threads
         "extended": {
             "from_epochs": cap,
             "from_command": record["command"],
-            "step": plan["step"],
-            "epoch": plan["epoch"],
+            "step": record["report"].get("steps"),
+            "epoch": record["report"].get("epochs"),
             "command": shlex.join(run_argv),
             "earlier_test": record["report"].get("test"),
-            "kept": [f"report.cap{cap}.json", f"figures.cap{cap}", f"checkpoints/best.cap{cap}.ckpt"],
+            "kept": [name for name in kept if (run_dir / name).exists()],
         },
         "report": report,
         "wall_seconds": round(time.time() - t0, 1),
@@ -792,14 +840,21 @@ def main(
         ran_one = True
         while ran_one:  # again after a run: it may complete a comparison that lets the chosen candidate go on
             ran_one = False
-            records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in current_records(_records(log))]
+            raw = current_records(_records(log))
+            records = [{**r, "report": in_percent(r["report"], fraction_keys)} for r in raw]
             by_name = {row.name: row for row in rows}
-            short = {  # recorded at a smaller cap than their extendable row's: continued to it (extend_one)
+            # recorded at a smaller cap than their extendable row's (and with no record at the row's cap): continued
+            # to it (extend_one); the records as written, which the run folder's report.json must equal
+            extend = [
+                r["row"] in by_name and needs_extension(by_name[r["row"]], r, args.data_dir, work, args.overrides)
+                for r in raw
+            ]
+            done = {(r["row"], r["seed"]) for r, e in zip(raw, extend, strict=True) if not e}
+            short = {
                 (r["row"], r["seed"]): r
-                for r in records
-                if r["row"] in by_name and needs_extension(by_name[r["row"]], r, args.data_dir, work, args.overrides)
+                for r, e in zip(raw, extend, strict=True)
+                if e and (r["row"], r["seed"]) not in done
             }
-            done = {(r["row"], r["seed"]) for r in records} - set(short)
             for row in rows:
                 if row.candidates or (args.rows and row.name not in wanted):
                     continue

@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from study import ROOT, Row, _records, fit_argv, run_dir_of, run_one, summarise
+from study import ROOT, Row, _records, checkpoint_of, current_records, fit_argv, run_dir_of, run_one, summarise
 
 EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 STEPS = 10
@@ -78,11 +78,6 @@ def metrics(report: dict) -> dict[str, float]:
         clean = out[metric_name(None)]
         out[metric_name(eps, "kept")] = 100.0 * out[metric_name(eps)] / clean if clean > 0 else 0.0
     return out
-
-
-def checkpoint_of(source: dict) -> Path:
-    """The ``best.ckpt`` of a source study record (its run folder is read off the record's command)."""
-    return run_dir_of(source["command"]) / "checkpoints" / "best.ckpt"
 
 
 def missing_md(missing: Sequence[dict], lead: str = "Not attacked") -> str:
@@ -263,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--epsilons must be > 0 and --limit > 0, got {args.epsilons} and {args.limit}")
     folder = Path(args.source) if Path(args.source).is_dir() else ROOT / "benchmarks" / "results" / args.source
     source_log = folder / "runs.jsonl"
-    sources = _records(source_log)
+    sources = current_records(_records(source_log))  # an extended run's earlier record does not count
     if not sources:
         sys.exit(f"{source_log}: no finished runs of {args.source} to attack (run benchmarks/unified_study.py first)")
     default_out = STUDY if args.source == DEFAULT_SOURCE else f"{STUDY}_{folder.name.removeprefix('unified_')}"

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from tiny_runs import RESUMABLE
 
+from rlattention.engine.rundir import RunFolderBusy, lock_run_dir
+
 BASE = [o for o in RESUMABLE if not o.startswith("trainer.epochs=")] + [
     "optim.schedule=none",  # ram_digits.yaml decays lr and sigma over the cap; an extension needs neither
     "model.std_final=null",
@@ -74,9 +76,16 @@ def test_a_run_recorded_at_a_smaller_cap_is_extended_to_the_run_of_the_larger_ca
     assert "--resume" in ext["command"] and "trainer.epochs=4" in ext["command"]
     assert ext["earlier_test"] == short["report"]["test"]
     # the earlier run's outputs are kept beside, unchanged
+    log = (tmp_path / "tiny_s0.log").read_text().split("# rlattention fit --resume")
+    assert len(log) == 2 and "--resume" not in log[0]  # trained once, then continued once
+    assert [line.split(":")[0] for line in log[1].splitlines() if line.startswith("epoch ")] == ["epoch 3", "epoch 4"]
     assert (run / "report.cap2.json").read_text() == earlier_report
     assert (run / "checkpoints" / "best.cap2.ckpt").read_bytes() == earlier_best
     assert json.loads((run / "report.json").read_text())["steps"] == 64
+    # the earlier record's checkpoint is the kept one (what a benchmark of that record must read), the new one's
+    # the folder's
+    assert study.checkpoint_of(short) == run / "checkpoints" / "best.cap2.ckpt"
+    assert study.checkpoint_of(rec) == run / "checkpoints" / "best.ckpt"
     # only the extended record counts now, and the study is done: running it again trains nothing
     assert study.current_records(records) == [rec]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -103,6 +112,16 @@ def test_what_cannot_be_extended_exactly_is_refused_untouched(study, tmp_path):
         assert plan is None and why in said and detail in said, (name, said)
         with pytest.raises(RuntimeError, match="cannot be extended"):
             study.extend_one(row, short, None, tmp_path, 1, [])
+    copied = study.Row("tiny", "configs/ram_digits.yaml", _row(study, 4, 2).overrides, extendable=True,
+                       same_as=("other", "tiny"))  # fmt: skip
+    plan, said = study.extension_plan(copied, short, None, tmp_path, [])
+    assert plan is None and "copies another study's runs" in said
+    lock = lock_run_dir(run)  # another process trains in the folder: the study stops, nothing is touched
+    try:
+        with pytest.raises(RunFolderBusy):
+            study.extend_one(_row(study, 4, 2), short, None, tmp_path, 1, [])
+    finally:
+        lock.release()
     # not an extendable row, or not a larger cap: nothing to extend
     assert not study.needs_extension(_row(study, 4, 2, extendable=False), short, None, tmp_path, [])
     assert not study.needs_extension(_row(study, 2, 1), short, None, tmp_path, [])
@@ -117,3 +136,17 @@ def test_what_cannot_be_extended_exactly_is_refused_untouched(study, tmp_path):
     assert study.main("tiny", [refusals["lr"][0]], _metrics, "refused", argv=argv, default_seeds=(0,)) == 0
     assert study._records(tmp_path / "runs.jsonl") == [short]
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+
+
+def test_the_replay_of_early_stopping_names_where_it_would_have_ended(study):
+    # patience 3 used up at epoch 5, the curve's last: the state, and the stop
+    assert study._replay([5, 6, 6, 6, 6], 1, "max", 3, 0.0) == ((6, 2, 3), 5)
+    assert study._replay([5, 6, 6, 6, 7], 1, "max", 3, 0.0) == ((7, 5, 0), None)
+    # with min_delta 1, monitored from epoch 1 or 2 the state after epoch 5 is the same, but from epoch 2 the rule
+    # would have ended the run after epoch 4: the same state is not enough for an extension to be exact
+    curve = [10, 10.5, 11.2, 11.4, 13]
+    assert study._replay(curve, 1, "max", 2, 1.0) == ((13, 5, 0), None)
+    assert study._replay(curve, 2, "max", 2, 1.0) == ((13, 5, 0), 4)
+    # "min" metrics, and nothing counted before the start epoch
+    assert study._replay([3.0, 2.0, 2.5], 2, "min", 5, 0.0) == ((2.0, 2, 1), None)
+    assert study._replay([3.0, 2.0], 3, "max", 5, 0.0) == ((None, -1, 0), None)
