@@ -55,3 +55,45 @@ def test_a_context_run_is_measured_once_and_the_others_left_out(leak, benchmark_
         "Not measured, their best.ckpt gone from this machine: unified_tiny:ctx seed 0"
         in (out / "summary.md").read_text()
     )
+
+
+def test_a_sequence_run_is_measured_per_token_against_a_reference(leak, benchmark_module, require_data, tmp_path):
+    """A unified sequence model (tokens padded with -1 after the end token): ``tokens`` counts the valid tokens of
+    the whole test split, ``accuracy`` is the recorded whole-sequence accuracy and ``token_accuracy`` the share of
+    valid tokens that the model's own prediction (centre start, no randomness) gets right, recomputed here."""
+    import torch
+
+    from rlattention.engine.loading import load_for_eval
+
+    data_dir = str(require_data("mnist"))
+    study = benchmark_module("study")
+    overrides = [
+        "data.num_train=64", "data.val_size=32", "data.num_test=40", "data.max_digits=2", "data.canvas_size=40",
+        "model.num_glimpses=6", "model.glimpses_per_token=2", "model.hidden_size=16", "model.conv_channels=[4,4,4]",
+        "model.context_hidden=16", "trainer.epochs=1", "trainer.batch_size=16", "trainer.eval_batch_size=16",
+        "trainer.deterministic=true", "eval.viz_images=0",
+    ]  # fmt: skip
+    row = study.Row("seq", "configs/unified_mnist_sequences.yaml", overrides)
+    (tmp_path / "runs").mkdir()
+    rec = study.run_one(row, 0, data_dir, tmp_path / "runs", 1, [])
+    source = tmp_path / "unified_seq"
+    source.mkdir()
+    (source / "runs.jsonl").write_text(json.dumps(rec) + "\n")
+    out = tmp_path / "leak"
+    assert leak.main(["--data-dir", data_dir, "--sources", str(source), "--out", str(out)]) == 0
+    (got,) = [json.loads(line)["report"] for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert got["accuracy"] == pytest.approx(rec["report"]["test"]["accuracy"], abs=1e-3)
+    _, model, splits = load_for_eval(tmp_path / "runs" / "seq_s0" / "checkpoints" / "best.ckpt", data_dir)
+    model.eval()
+    targets = splits.test.targets
+    valid = targets >= 0
+    assert (~valid).any() and valid.sum(1).min() >= 2  # padded sequences (a digit and the end token at least)
+    assert got["tokens"] == int(valid.sum()) and got["num_classes"] == 11
+    with torch.no_grad():
+        probs = model.predict(splits.test.images.float() / 255.0)  # (N, J, K), the mean locations
+    right = (probs.argmax(-1) == targets) & valid
+    assert got["token_accuracy"] == pytest.approx(100.0 * int(right.sum()) / int(valid.sum()), abs=1e-3)
+    whole = (right | ~valid).all(-1).float().mean().item() * 100.0
+    assert got["accuracy"] == pytest.approx(whole, abs=1e-3)
+    for key in ("context_accuracy", "context_follows_wrong_label", "context_accuracy_confidence"):
+        assert 0.0 <= got[key] <= 100.0
