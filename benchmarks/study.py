@@ -353,6 +353,19 @@ def fit_argv(row: Row, seed: int, data_dir: str | None, work: Path, threads: int
     ]  # fmt: skip
 
 
+def _fit_logged(argv: Sequence[str], log_path: Path, mode: str, run_dir: Path) -> dict:
+    """Run ``rlattention fit`` (``argv``) with its output in ``log_path`` (opened with ``mode``: ``"x"`` a new log,
+    ``"a"`` one that goes on), under a first line with the command; returns the run's ``report.json``, or a
+    ``RuntimeError`` naming the command and the log."""
+    with log_path.open(mode) as f:
+        f.write(f"# {shlex.join(argv)}\n")
+        f.flush()
+        code = subprocess.run(list(argv), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True).returncode
+    if code != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({code}); see {log_path}")
+    return json.loads((run_dir / "report.json").read_text())
+
+
 def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int, extra: Sequence[str]) -> dict:
     """``rlattention fit`` of one row and seed in ``work/<row>_s<seed>``; returns its record.
 
@@ -387,13 +400,7 @@ def run_one(row: Row, seed: int, data_dir: str | None, work: Path, threads: int,
     log_path = work / f"{run_name}.log"  # written as the run goes, so a killed run leaves its log
     if not resumed and log_path.exists():  # the log of an attempt that left no run folder (e.g. a config error)
         log_path.rename(work / f"{run_name}.earlier-{int(time.time())}.log")
-    with log_path.open("a" if resumed else "x") as f:  # a continued run's log follows the earlier one's
-        f.write(f"# {shlex.join(run_argv)}\n")
-        f.flush()
-        code = subprocess.run(run_argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True).returncode
-    if code != 0:
-        raise RuntimeError(f"{shlex.join(run_argv)} failed ({code}); see {log_path}")
-    report = json.loads((run_dir / "report.json").read_text())
+    report = _fit_logged(run_argv, log_path, "a" if resumed else "x", run_dir)  # a continued run's log goes on
     return {
         "row": row.name,
         "seed": seed,
@@ -611,13 +618,7 @@ def extend_one(row: Row, record: dict, data_dir: str | None, work: Path, threads
     print(f"[study] {run_dir}: extending its run of {cap} epochs to the cap {plan['new_cap']}", flush=True)
     t0 = time.time()
     log_path = work / f"{run_dir.name}.log"
-    with log_path.open("a") as f:
-        f.write(f"# {shlex.join(run_argv)}\n")
-        f.flush()
-        code = subprocess.run(run_argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True).returncode
-    if code != 0:
-        raise RuntimeError(f"{shlex.join(run_argv)} failed ({code}); see {log_path}")
-    report = json.loads((run_dir / "report.json").read_text())
+    report = _fit_logged(run_argv, log_path, "a", run_dir)
     overrides = [o.format(seed=record["seed"], work=work) for o in row.overrides]
     return {
         "row": row.name,
