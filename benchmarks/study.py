@@ -475,6 +475,20 @@ def needs_extension(row: Row, record: dict, data_dir: str | None, work: Path, ex
     return report["epochs"] < row_cap(row, record["seed"], data_dir, work, extra)
 
 
+def runs_below_cap(rows: Sequence[Row], records: Sequence[dict], data_dir: str | None, work: Path,
+                   extra: Sequence[str]) -> list[str]:  # fmt: skip
+    """The current records that trained fewer epochs than their row's cap now (:func:`needs_extension`): not yet
+    extended, or refused (the study says why when it runs), each as ``"row seed N (E of its cap of C epochs)"``."""
+    by_name = {row.name: row for row in rows}
+    said = []
+    for r in records:
+        row = by_name.get(r["row"])
+        if row is not None and needs_extension(row, r, data_dir, work, extra):
+            cap = row_cap(row, r["seed"], data_dir, work, extra)
+            said.append(f"{row.name} seed {r['seed']} ({r['report']['epochs']} of its cap of {cap} epochs)")
+    return said
+
+
 def _replay(curve: Sequence[float], start: int, mode: str, patience: int, min_delta: float) -> tuple[tuple, int | None]:
     """The early-stopping state (reference value, its epoch, stale validations) after ``curve`` (one validation an
     epoch) under the trainer's rule monitored from epoch ``start``, and the epoch after which that rule would have
@@ -702,9 +716,11 @@ def summarise(
     primary: str | None = None,
     seeds: Sequence[int] = (0, 1, 2),
     curve_key: str | None = None,
+    below_cap: Sequence[str] = (),
 ) -> dict:
     """``summary.json`` and ``summary.md`` from the records (rows in the order of ``rows``; seeds sorted). An issue
-    row missing some of ``seeds`` (or missing altogether) makes the description say PARTIAL and which. With
+    row missing some of ``seeds`` (or missing altogether) makes the description say PARTIAL and which, and so does
+    each run named in ``below_cap`` (a record of fewer epochs than its row's cap now, see :func:`runs_below_cap`). With
     ``curve_key`` (e.g. ``val/accuracy``) each row also holds ``validation_curves``, one curve of that key per seed
     (:func:`recorded_curve`; empty for a run whose curve is neither recorded nor in its folder), and the summary
     ``validation_curve_key``: what a budget check or a curves figure reads, with no run folder needed."""
@@ -756,6 +772,7 @@ def summarise(
             ran = {r["seed"] for r in records if r["row"] == name}
             if not need <= ran:
                 short.append(f"{row.name}'s candidate {name} ({len(ran & need)} of {len(need)} seeds)")
+    short += below_cap
     if short:
         description += "; PARTIAL, not yet run to its budget: " + ", ".join(short)
     doc = {
@@ -902,14 +919,16 @@ def main(
         {**r, "report": in_percent(r["report"], fraction_keys)}
         for r in with_kept_curves(current_records(_records(log)), log)
     ]
+    below = runs_below_cap(rows, records, args.data_dir, work, args.overrides)
     doc = summarise(
         study, rows, records, metrics, description, command, out, primary=primary, seeds=default_seeds,
-        curve_key=curve_key,
+        curve_key=curve_key, below_cap=below,
     )  # fmt: skip
     if extra_md is not None:
         summarise(
-            study, rows, records, metrics, description, command, out, extra_md(doc), primary, default_seeds, curve_key
-        )
+            study, rows, records, metrics, description, command, out, extra_md(doc), primary, default_seeds, curve_key,
+            below,
+        )  # fmt: skip
     print((out / "summary.md").read_text())
     return 0
 

@@ -90,7 +90,7 @@ def test_a_run_recorded_at_a_smaller_cap_is_extended_to_the_run_of_the_larger_ca
     assert study.current_records(records) == [rec]
     summary = json.loads((tmp_path / "summary.json").read_text())
     (row,) = summary["rows"]
-    assert row["seeds"] == [0]
+    assert row["seeds"] == [0] and "PARTIAL" not in summary["description"]
     assert row["metrics"]["test_error"] == [pytest.approx(100.0 - longer["report"]["test"]["accuracy"], abs=0.01)]
     assert study.main("tiny", [_row(study, 4, 2)], _metrics, "extension", argv=argv, default_seeds=(0,)) == 0
     assert len(study._records(tmp_path / "runs.jsonl")) == 2
@@ -136,6 +136,9 @@ def test_what_cannot_be_extended_exactly_is_refused_untouched(study, tmp_path):
     assert study.main("tiny", [refusals["lr"][0]], _metrics, "refused", argv=argv, default_seeds=(0,)) == 0
     assert study._records(tmp_path / "runs.jsonl") == [short]
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    # the summary shows the short run and says it is short of its row's cap
+    description = json.loads((tmp_path / "summary.json").read_text())["description"]
+    assert "PARTIAL" in description and "tiny seed 0 (2 of its cap of 4 epochs)" in description, description
 
 
 def test_the_replay_of_early_stopping_names_where_it_would_have_ended(study):
