@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rlattention.engine.loader import unit_float  # noqa: E402
 from rlattention.engine.trainer import load_for_eval  # noqa: E402
 from rlattention.vision.plot import plot_attention_overlays  # noqa: E402
 
@@ -62,8 +63,7 @@ def query_maps(checkpoint: Path, data_dir: str | None, num: int) -> tuple[torch.
     test = splits.test
     idx = torch.nonzero(test.targets[:, 2] == 1).squeeze(1)[:num]
     images = test.images[idx]
-    x = images.float().div(255.0) if images.dtype == torch.uint8 else images.float()
-    return images, model.attention_maps(x).cpu(), [f"att{i}" for i in model.positions]
+    return images, model.attention_maps(unit_float(images)).cpu(), [f"att{i}" for i in model.positions]
 
 
 def main(argv: list[str] | None = None) -> int:

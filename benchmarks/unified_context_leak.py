@@ -34,8 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from study import ROOT, Row, _records, current_records, summarise
-from unified_pgd import checkpoint_of
+from study import ROOT, Row, _records, checkpoint_of, current_records, resolved_config, summarise
 
 DEFAULT_SOURCES = ("unified_beta2", "unified_sequences")
 BATCH = 500
@@ -50,6 +49,7 @@ def measure(checkpoint: Path, data_dir: str | None, seed: int) -> dict | None:
     """The figures of one checkpoint on its whole test split; None when its model has no context constraint. The
     episodes are those of the run's own test (``rlattention fit``'s): eval mode, mean locations, batches of
     ``trainer.eval_batch_size``, one stream of ``eval.seed`` for a random first glimpse."""
+    from rlattention.engine.loader import unit_float
     from rlattention.engine.loading import load_for_eval
 
     cfg, model, splits = load_for_eval(checkpoint, data_dir)
@@ -66,9 +66,8 @@ def measure(checkpoint: Path, data_dir: str | None, seed: int) -> dict | None:
             test.images[a : a + cfg.trainer.eval_batch_size],
             test.targets[a : a + cfg.trainer.eval_batch_size],
         )
-        images = images.float().div(255.0) if images.dtype == torch.uint8 else images.float()
-        ep, logits, _ = model.run(images, deterministic=True, generator=episodes)
-        y = model._targets(targets)  # (B, J), -1 where a sequence has no token
+        ep, logits, _ = model.run(unit_float(images), deterministic=True, generator=episodes)
+        y = model.token_targets(targets)  # (B, J), -1 where a sequence has no token
         valid = y >= 0
         K = logits.shape[-1]
         wrong = torch.where(valid, (y + torch.randint(1, K, y.shape, generator=g)) % K, y)
@@ -132,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                        if args.data_dir else "")  # fmt: skip
     if list(args.sources) != list(DEFAULT_SOURCES):
         command += " --sources " + " ".join(args.sources)
-    missing, rows = [], {}
+    missing, pending, rows = [], [], {}
     for given in args.sources:
         folder = Path(given) if Path(given).is_dir() else ROOT / "benchmarks" / "results" / given
         source = folder.name
@@ -146,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 missing.append(f"{name} seed {src['seed']}")
                 continue
             if args.summary_only:
+                if resolved_config(src["config"], src.get("overrides", [])).get("model.context"):
+                    pending.append(f"{name} seed {src['seed']}")
                 continue
             t0 = time.time()
             report = measure(ckpt, args.data_dir, args.seed)
@@ -171,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     seeds = sorted({r["seed"] for r in records}) or [0]
     gone = f"Not measured, their best.ckpt gone from this machine: {', '.join(missing)}." if missing else ""
-    notes = "\n\n".join(p for p in (agreement_md(records), gone) if p)
+    waits = f"On this machine, not yet measured (run without --summary-only): {', '.join(pending)}." if pending else ""
+    notes = "\n\n".join(p for p in (agreement_md(records), gone, waits) if p)
     kept = [row for name, row in rows.items() if name in measured]
     summarise(out.name, kept, records, metrics, description, command, out, notes, "context_follows_wrong_label",
               seeds)  # fmt: skip

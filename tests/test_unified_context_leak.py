@@ -1,7 +1,7 @@
 """benchmarks/unified_context_leak.py on tiny runs of the drawn digits (no data folder): a unified run with the
 context constraint is measured on its whole test split, its ``accuracy`` being the test accuracy its study recorded;
-a run without the constraint is left out; a run whose checkpoint is gone is named; a recorded run is not measured
-again."""
+a run without the constraint is left out; a run whose checkpoint is gone, or (``--summary-only``) one not yet measured,
+is named; a recorded run is not measured again."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def test_a_context_run_is_measured_once_and_the_others_left_out(leak, benchmark_
     (source / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "leak"
     argv = ["--sources", str(source), "--out", str(out)]
+    assert leak.main([*argv, "--summary-only"]) == 0  # measures nothing; names the context run it would measure
+    assert not (out / "runs.jsonl").exists()
+    said = (out / "summary.md").read_text()
+    assert "not yet measured (run without --summary-only): unified_tiny:ctx seed 0." in said and ":ram" not in said
     assert leak.main(argv) == 0
     (rec,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert rec["row"] == "unified_tiny:ctx" and rec["report"]["tokens"] == 48  # the whole test split, one token each

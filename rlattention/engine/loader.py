@@ -22,6 +22,12 @@ from torch import Tensor
 from rlattention.data.base import ArrayDataset
 
 
+def unit_float(images: Tensor) -> Tensor:
+    """Images as the engine feeds them to a model: uint8 (0-255) divided by 255, other dtypes as float32 (a new
+    tensor for uint8, the same values otherwise). Every evaluation outside the loader converts through this."""
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
+
+
 class BatchLoader:
     def __init__(
         self,
@@ -114,8 +120,7 @@ class BatchLoader:
 
     def to_device(self, images: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         images = images.to(self.device, non_blocking=True)
-        images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
-        return images, targets.to(self.device, non_blocking=True)
+        return unit_float(images), targets.to(self.device, non_blocking=True)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         if self.sampler == "pk":

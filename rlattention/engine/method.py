@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rlattention.engine.datainfo import DataInfo, plain_data  # noqa: F401  (their home before datainfo.py)
+from rlattention.engine.loader import unit_float
 from rlattention.metrics.classification import classification_metrics
 
 
@@ -164,5 +165,4 @@ class AttentionMethod(nn.Module):
         n = min(num_images, len(dataset))
         device = next(self.parameters()).device
         images, targets = dataset.images[:n].to(device), dataset.targets[:n].to(device)
-        images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()
-        return self.visualize(images, targets, out_dir, generator=generator)
+        return self.visualize(unit_float(images), targets, out_dir, generator=generator)

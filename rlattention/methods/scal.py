@@ -55,6 +55,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from rlattention.data.base import ArrayDataset
+from rlattention.engine.loader import unit_float
 from rlattention.engine.method import AttentionMethod, DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.metrics.reid import pairwise_distances, reid_metrics
@@ -556,7 +557,7 @@ class SCAL(AttentionMethod):
 
         def load(idx: Tensor) -> Tensor:
             x = dataset.images[idx].to(device)
-            return x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+            return unit_float(x)
 
         gallery = torch.cat([self.predict(load(g_idx[i : i + batch_size])) for i in range(0, len(g_idx), batch_size)])
         queries = load(q_idx)

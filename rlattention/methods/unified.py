@@ -270,8 +270,9 @@ class Unified(RAM):
         ep = self.episode(images, deterministic, generator, start, differentiable_locations, prepared)
         return ep, self._token_logits(ep.hidden), td
 
-    def _targets(self, targets: Tensor) -> Tensor:
-        """(B,) class ids -> (B, 1); sequence targets (B, J) must have one column per token the model emits."""
+    def token_targets(self, targets: Tensor) -> Tensor:
+        """The targets of the tokens the model emits, as its losses and metrics read them: (B,) class ids -> (B, 1);
+        sequence targets (B, J), -1 where a sequence has no token, must have one column per token the model emits."""
         if targets.ndim == 1:
             return targets[:, None]
         J = max(1, self.cfg.num_glimpses // max(1, self.cfg.glimpses_per_token))
@@ -295,7 +296,7 @@ class Unified(RAM):
     def forward(self, images: Tensor, targets: Tensor) -> StepOutput:
         cfg = self.cfg
         ep, logits, td = self.run(self.augment(images), deterministic=False)
-        y = self._targets(targets)
+        y = self.token_targets(targets)
         K = logits.shape[-1]
         # -y log alpha_T (per token; padding ignored)
         nll = F.cross_entropy(logits.reshape(-1, K), y.reshape(-1), ignore_index=-1)
@@ -419,7 +420,7 @@ class Unified(RAM):
     def metrics(self, scores: Tensor, targets: Tensor) -> dict[str, float]:
         if self.cfg.glimpses_per_token <= 0:
             return super().metrics(scores, targets)
-        err = sequence_error(scores.argmax(-1), self._targets(targets))
+        err = sequence_error(scores.argmax(-1), self.token_targets(targets))
         return {"accuracy": 100.0 * (1.0 - err), "error": 100.0 * err, "count": float(len(targets))}
 
     @torch.no_grad()

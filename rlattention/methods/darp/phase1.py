@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rlattention.engine.loader import unit_float
 from rlattention.engine.method import DataInfo, StepOutput
 from rlattention.engine.registry import register_method
 from rlattention.methods.darp.layout import SketchRetrievalMethod, completion_steps, split_layout
@@ -263,8 +264,7 @@ class TripletNetwork(SketchRetrievalMethod):
             uniq, first = first_occurrence(ids)
             for chunk in torch.split(torch.arange(len(uniq)), 256):
                 photos = split.images[first[chunk], -3:].to(device)
-                photos = photos.float().div(255.0) if photos.dtype == torch.uint8 else photos.float()
-                gallery[uniq[chunk]] = self.photo_net(photos).float().cpu()
+                gallery[uniq[chunk]] = self.photo_net(unit_float(photos)).float().cpu()
             present[uniq] = True
         # clone: with a shared backbone the sketch and photo networks are one module listed twice
         tensors = {f"model.{k}": v.detach().cpu().clone().contiguous() for k, v in self.state_dict().items()}
