@@ -248,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--summary-only", action="store_true")
     ap.add_argument(
+        "--rows", nargs="+", help="attack (and retrain) only these source rows now; the table has every run"
+    )
+    ap.add_argument("--seeds", type=int, nargs="+", help="attack (and retrain) only these seeds now")
+    ap.add_argument(
         "--retrain-missing",
         action="store_true",
         help="train a source run again (its recorded command, the same seed) where its best.ckpt is gone, then attack "
@@ -261,6 +265,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sources = current_records(_records(source_log))  # an extended run's earlier record does not count
     if not sources:
         sys.exit(f"{source_log}: no finished runs of {args.source} to attack (run benchmarks/unified_study.py first)")
+    unknown = sorted(set(args.rows or ()) - {s["row"] for s in sources})
+    if unknown:
+        ap.error(f"--rows {unknown}: not rows of {source_log} (it has {sorted({s['row'] for s in sources})})")
+    now = [
+        s
+        for s in sources
+        if (not args.rows or s["row"] in args.rows) and (args.seeds is None or s["seed"] in args.seeds)
+    ]
     default_out = STUDY if args.source == DEFAULT_SOURCE else f"{STUDY}_{folder.name.removeprefix('unified_')}"
     out = ROOT / (args.out or f"benchmarks/results/{default_out}")
     study = out.name  # the results schema names a study after its folder
@@ -271,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["STUDY_THREADS"] = str(args.threads)  # the summary's machine line (eval commands carry no threads)
     missing = [s for s in sources if (s["row"], s["seed"]) not in done and not checkpoint_of(s).is_file()]
     if not args.summary_only:
-        for src in sources:
+        for src in now:  # --rows / --seeds: two processes may take disjoint runs of one table
             if (src["row"], src["seed"]) in done or (src in missing and not args.retrain_missing):
                 continue
             again = retrain(src, args.data_dir, args.threads) if src in missing else None

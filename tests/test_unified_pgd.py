@@ -64,7 +64,12 @@ def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, 
     (source / "runs.jsonl").write_text(json.dumps(record) + "\n")
     out = tmp_path / "project" / "benchmarks" / "results" / "unified_pgd"
     argv = ["--source", str(source), "--out", str(out), "--epsilons", "0.3", "--limit", "64"]
-    assert pgd.main(argv) == 0
+    # --seeds / --rows: only those runs now (two processes can share a table); an unknown row is refused
+    assert pgd.main([*argv, "--seeds", "1"]) == 0 and not (out / "runs.jsonl").exists()
+    with pytest.raises(SystemExit):
+        pgd.main([*argv, "--rows", "nope"])
+    assert "not rows of" in capsys.readouterr().err
+    assert pgd.main([*argv, "--rows", "cnn", "--seeds", "0"]) == 0
     doc = json.loads((out / "summary.json").read_text())
     (row,) = doc["rows"]
     assert row["name"] == "cnn" and row["seeds"] == [0]
