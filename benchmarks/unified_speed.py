@@ -46,6 +46,8 @@ ROWS = {  # name: (config, overrides); the issue's four rows, then the top-down 
     "topdown_region32": ("configs/unified_cluttered100_topdown.yaml", ["model.region_size=32"]),
     "topdown_region24": ("configs/unified_cluttered100_topdown.yaml", ["model.region_size=24"]),
     "topdown_region16": ("configs/unified_cluttered100_topdown.yaml", ["model.region_size=16"]),
+    # added in session 19: the full model at 8 x 8 region views, whose accuracy unified_cluttered100 measures
+    "entropy_context_region16": ("configs/unified_cluttered100_entropy_context.yaml", ["model.region_size=16"]),
 }
 OUT = ROOT / "benchmarks" / "results" / "unified_speed"
 

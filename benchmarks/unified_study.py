@@ -210,7 +210,13 @@ def cluttered_rows(side: int) -> tuple[Row, ...]:
         Row(name, f"configs/unified_cluttered{side}_{name}.yaml", _epochs(study, name), notes[name])
         for name in CLUTTERED_ROWS
     ]
-    return (cnn, *attention)
+    variants = []
+    if side == 100:  # added in session 19: the full model at 8 x 8 region views, the size at which a top-down step
+        # costs under 1.5x a RAM step (unified_speed); a different model, whose accuracy this row measures
+        small = [*_epochs(study, "entropy_context"), "model.region_size=16"]
+        note = "+ top-down + entropy + context, 8 x 8 region views (model.region_size=16)"
+        variants.append(Row("entropy_context_region16", f"configs/{study}_entropy_context.yaml", small, note, False))
+    return (cnn, *attention, *variants)
 
 
 def mnist_rows() -> tuple[Row, ...]:
