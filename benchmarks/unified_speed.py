@@ -74,6 +74,17 @@ def data_batches(cfg, data_dir: str, n: int, batch: int):
         yield next(loader)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type: ratios differ between CPUs."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {platform.machine()}"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=None, help="MNIST folder (default: synthetic clutter)")
@@ -81,7 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=3, help="rounds discarded")
     parser.add_argument("--steps", type=int, default=30, help="timed rounds (one step of every row each)")
+    parser.add_argument(
+        "--name", default="summary",
+        help="the files' stem in benchmarks/results/unified_speed/ (default: summary; another machine's run: its name)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if not args.name or Path(args.name).name != args.name or args.name.startswith("."):
+        parser.error(f"--name {args.name!r}: expected a plain file stem such as 'zen3', without a folder")
 
     torch.set_num_threads(args.threads)
     cfgs = {name: load_config(str(ROOT / path), overrides) for name, (path, overrides) in ROWS.items()}
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "nice -n 10 python benchmarks/unified_speed.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     load = os.getloadavg()
     machine = (
-        f"{args.threads} torch thread(s) ({os.cpu_count()} cores, {platform.processor() or platform.machine()}), "
+        f"{args.threads} torch thread(s) ({os.cpu_count()} cores, {cpu_model()}), "
         f"torch {torch.__version__}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end"
     )
     rows = []
@@ -154,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows,
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (OUT / f"{args.name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     lines = [
         "# unified_speed: one training step, 100 x 100, batch 128, one thread",
         "",
@@ -169,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['name']} | {r['config']} | {over} | {m['step_ms'][0]} | {m['ratio_to_ram'][0]} "
             f"| {m['step_cpu_ms'][0]} | {m['cpu_ratio_to_ram'][0]} | {q[0]} - {q[2]} |"
         )
-    (OUT / "summary.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
