@@ -75,7 +75,7 @@ def data_batches(cfg, data_dir: str, n: int, batch: int):
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type: ratios differ between CPUs."""
+    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type: absolute step times differ between CPUs."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
