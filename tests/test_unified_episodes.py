@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny_runs import config_of, tiny_ram
+from tiny_runs import config_of, eval_in_process, tiny_ram
 
 TINY = tiny_ram(train=256, val=48, test=64, extra=["optim.lr=0.01", "trainer.epochs=2", "trainer.deterministic=true"])
 
@@ -43,10 +43,13 @@ def source(benchmark_module, tmp_path_factory) -> Path:
     return out
 
 
-def test_the_tested_checkpoint_is_measured_then_a_gone_one_named_and_retrained(episodes, source, tmp_path, capsys):
+def test_the_tested_checkpoint_is_measured_then_a_gone_one_named_and_retrained(
+    episodes, source, tmp_path, capsys, monkeypatch
+):
     """The run the source study tested: its single pass measured again is the recorded one, and the K-episode figures
     are those of the recorded ``rlattention eval`` commands on the whole splits. Then, its folder gone, a new table
-    names it and exits 1, and ``--retrain-missing`` trains it again (it reproduces here) and measures it."""
+    names it and exits 1, and ``--retrain-missing`` trains it again (it reproduces here) and measures it. The
+    evaluations run in this process, and one recorded command once as the tool runs it (a process of its own)."""
     import shlex
 
     from study import run_dir_of
@@ -54,6 +57,8 @@ def test_the_tested_checkpoint_is_measured_then_a_gone_one_named_and_retrained(e
     src = json.loads((source / "runs.jsonl").read_text())
     out = tmp_path / "unified_tiny_episodes"
     argv = ["--source", str(source), "--out", str(out), "--mc-samples", "4", "--seed", "7"]
+    run_eval = episodes.run_eval
+    monkeypatch.setattr(episodes, "run_eval", eval_in_process)
     assert episodes.main(argv) == 0
     (rec,) = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert rec["row"] == "ram" and rec["source_row"] == "ram_lr"  # the issue row, from its chosen candidate's run
@@ -67,7 +72,7 @@ def test_the_tested_checkpoint_is_measured_then_a_gone_one_named_and_retrained(e
     for argv_mc, split in ((val_mc, "val"), (test_mc, "test")):
         assert argv_mc[argv_mc.index("--split") + 1] == split
         assert argv_mc[argv_mc.index("--mc-samples") + 1] == "4" and argv_mc[argv_mc.index("--seed") + 1] == "7"
-    assert episodes.run_eval(test_mc, 1)["error"] == pytest.approx(report["test_error_mc"], abs=1e-4)  # reproduces
+    assert run_eval(test_mc, 1)["error"] == pytest.approx(report["test_error_mc"], abs=1e-4)  # the command reproduces
     doc = json.loads((out / "summary.json").read_text())
     (row,) = doc["rows"]
     assert set(row["metrics"]) == {"test_error", "test_error_mc4", "val_error", "val_error_mc4"}

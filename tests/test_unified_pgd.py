@@ -51,12 +51,16 @@ def test_metrics_are_percent_and_the_share_kept(pgd):
     assert "--attack" not in pgd.eval_argv(Path("run/best.ckpt"), None, 1000, None)
 
 
-def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, capsys):
+def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, capsys, monkeypatch):
+    # the evaluations run in this process: run_eval's own subprocess runs in tests/test_unified_episodes.py
+    from tiny_runs import eval_in_process
+
     from rlattention.engine.config import load_config
     from rlattention.engine.trainer import fit
 
     overrides = [*TINY, f"trainer.out_dir={tmp_path}", "trainer.run_name=cnn_s0"]
     fit(load_config(None, overrides))
+    monkeypatch.setattr(pgd, "run_eval", eval_in_process)
     source = tmp_path / "source"
     source.mkdir()
     command = shlex.join(["rlattention", "fit", *overrides])
@@ -121,7 +125,9 @@ def test_rows_in_the_source_studys_order(pgd):
     assert pgd.row_order("source", ["b", "a", "b", "c"]) == ["b", "a", "c"]
 
 
-def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(pgd, benchmark_module, tmp_path, capsys):
+def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(
+    pgd, benchmark_module, tmp_path, capsys, monkeypatch
+):
     # the source study's record made as the study makes it (study.run_one), its run folder then deleted, as when
     # the machine that trained it is gone: without --retrain-missing the table says so and exits 1; with it the run
     # is trained again by its recorded command and seed, and (training being deterministic here) it reproduces
@@ -129,10 +135,13 @@ def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(pgd
 
     study = benchmark_module("study")
     config = tmp_path / "tiny.yaml"
-    from tiny_runs import config_of
+    from tiny_runs import config_of, eval_in_process
 
-    nested = config_of(TINY)
-    config.write_text(yaml.safe_dump({**nested, "trainer": {**nested["trainer"], "epochs": 3}}))
+    monkeypatch.setattr(pgd, "run_eval", eval_in_process)  # the fits run as the tool runs them: subprocesses
+
+    nested = config_of(TINY)  # a shorter run: what is asserted is that it reproduces, not what it learns
+    data, trainer = {**nested["data"], "num_train": 256}, {**nested["trainer"], "epochs": 2}
+    config.write_text(yaml.safe_dump({**nested, "data": data, "trainer": trainer}))
     work = tmp_path / "runs"
     work.mkdir()
     record = study.run_one(study.Row("cnn", str(config)), 0, None, work, 1, [])

@@ -91,3 +91,31 @@ def sigterm_at_step(monkeypatch, at: int) -> None:
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Fabric, "backward", backward)
+
+
+def eval_in_process(argv: Sequence[str], threads: int) -> dict:
+    """What the benchmarks' ``run_eval`` returns for ``argv`` (``rlattention eval ... --json``), from the CLI run in
+    this process on ``threads`` torch threads: no interpreter start-up and torch import per evaluation (about 5 s
+    each on the CI machine). A test that uses it runs the recorded command once through ``run_eval`` as well."""
+    import contextlib
+    import io
+    import json
+    import shlex
+
+    import torch
+
+    from rlattention.cli import main
+
+    assert argv[0] == "rlattention" and argv[1] == "eval", argv
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            code = main(list(argv[1:]))
+    finally:
+        torch.set_num_threads(before)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("{")]
+    if code != 0 or not lines:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({code}): {out.getvalue()[-800:]}")
+    return json.loads(lines[-1])

@@ -92,7 +92,8 @@ def _eval_1proc(ckpt: Path, data_dir: Path | None, **kwargs) -> dict:
 
 def _check_eval(tmp_path: Path, run: Path, report: dict, data_dir: Path | None, cli: bool = True) -> dict:
     """The 1-process evaluation of best.ckpt (in this process) equals the 2-process evaluation that ended the fit
-    and (``cli``) a 2-process ``rlattention eval --devices 2``."""
+    and (``cli``) a 2-process ``rlattention eval --devices 2``. That command shares the fit's gathered evaluation, so
+    it runs for ram (with PGD), darp and scal, not for every method: two more interpreter start-ups a method."""
     split = next(s for s in ("test", "val") if s in report)
     ckpt = run / "checkpoints" / "best.ckpt"
     one = _eval_1proc(ckpt, data_dir, split=split)
@@ -129,25 +130,25 @@ def test_ram_two_processes(tmp_path):
 
 def test_cnn_two_processes(tmp_path):
     run, report = _fit_2proc(tmp_path, "cnn", ["method=cnn", "data.name=digits", *DIGITS])
-    _check_eval(tmp_path, run, report, None)
+    _check_eval(tmp_path, run, report, None, cli=False)
 
 
 def test_unified_two_processes(tmp_path):
     cfg = CONFIGS / "unified_cluttered60_entropy_context.yaml"  # top-down Q-learning + entropy + context
     run, report = _fit_2proc(tmp_path, "unified", ["--config", str(cfg), "data.name=digits", *DIGITS])
-    _check_eval(tmp_path, run, report, None)
+    _check_eval(tmp_path, run, report, None, cli=False)
 
 
 def test_rarl_two_processes(tmp_path, shared_data):
     mnist = _data(shared_data, "mnist")
     args = ["--config", str(CONFIGS / "rarl_digits.yaml"), "--data-dir", str(mnist), *DIGITS]
     run, report = _fit_2proc(tmp_path, "rarl", args)
-    _check_eval(tmp_path, run, report, mnist)
+    _check_eval(tmp_path, run, report, mnist, cli=False)
 
 
 def test_darp_two_processes(tmp_path, shared_data):
     omniglot = _data(shared_data, "omniglot")
-    common = ["--data-dir", str(omniglot), *SKETCH, f"data.render_cache={tmp_path / 'cache'}"]
+    common = ["--data-dir", str(omniglot), *SKETCH]  # renders: the suite's cache, $RLATTENTION_CACHE (conftest.py)
     phase1, report1 = _fit_2proc(tmp_path, "phase1", ["--config", str(CONFIGS / "darp_triplet_omniglot.yaml"), *common])
     assert (phase1 / "phase1.safetensors").is_file()  # written by rank 0 only
     _check_eval(tmp_path, phase1, report1, omniglot, cli=False)  # the CLI's 2-process evaluation: phase 2 below
@@ -163,7 +164,6 @@ def test_dcpg_two_processes(tmp_path, shared_data):
         str(CONFIGS / "dcpg_digit_scenes.yaml"),
         "--data-dir",
         str(mnist),
-        f"data.render_cache={tmp_path / 'cache'}",
         "model.embed_dim=32",
         "model.num_bins=10",
         "data.num_train=64",
@@ -171,7 +171,7 @@ def test_dcpg_two_processes(tmp_path, shared_data):
         "trainer.batch_size=16",
     ]
     run, report = _fit_2proc(tmp_path, "dcpg", args)
-    _check_eval(tmp_path, run, report, mnist)
+    _check_eval(tmp_path, run, report, mnist, cli=False)
 
 
 def test_scal_two_processes(tmp_path, shared_data):
