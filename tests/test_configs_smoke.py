@@ -98,8 +98,9 @@ def _smoke_fit(path: Path, tmp_path: Path, shared_data: Path, scene_cache: Path 
     ]
     if cfg.data.name in ("digits", "mnist_sequences", "multilabel_digits"):
         argv.append("data.val_size=32")
-    if cfg.data.name == "coco":
-        argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))] + ["data.val_size=8"]
+    if cfg.data.name == "coco":  # 128 images, each through a pretrained backbone (and mirrored) for its features
+        argv = [a for a in argv if not a.startswith(("data.num_train", "data.num_test"))]
+        argv += ["data.num_train=24", "data.num_test=16", "data.val_size=8"]
     if cfg.data.name in ("qmul_chairv2", "omniglot_sketch"):
         # renders: the suite's cache ($RLATTENTION_CACHE, tests/conftest.py), keyed by content, built once a session
         argv += ["data.val_size=4", "data.image_size=32", "data.completion_steps=4"]
