@@ -108,6 +108,7 @@ def retrain(source: dict, data_dir: str | None, threads: int) -> dict:
             f"is not the one rebuilt from its record\n  {shlex.join(argv)}\n(another --data-dir?)"
         )
     print(f"[pgd] {run_dir}/checkpoints/best.ckpt is missing: training it again", flush=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)  # the study's work folder may be gone with the run's
     new = run_one(row, source["seed"], data_dir, run_dir.parent, threads, [])
     was, now = source["report"]["test"]["accuracy"], new["report"]["test"]["accuracy"]
     print(f"[pgd] {source['row']} seed {source['seed']} retrained: test accuracy {now} (recorded {was})", flush=True)

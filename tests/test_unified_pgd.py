@@ -148,7 +148,7 @@ def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(
     source = tmp_path / "source"
     source.mkdir()
     (source / "runs.jsonl").write_text(json.dumps(record) + "\n")
-    shutil.rmtree(work / "cnn_s0")
+    shutil.rmtree(work)  # the whole work folder, as on a new machine: the retraining makes it again
     out = tmp_path / "unified_pgd"
     argv = ["--source", str(source), "--out", str(out), "--epsilons", "0.3", "--limit", "64"]
     assert pgd.main(argv) == 1
