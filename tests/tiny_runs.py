@@ -96,7 +96,8 @@ def sigterm_at_step(monkeypatch, at: int) -> None:
 def eval_in_process(argv: Sequence[str], threads: int) -> dict:
     """What the benchmarks' ``run_eval`` returns for ``argv`` (``rlattention eval ... --json``), from the CLI run in
     this process on ``threads`` torch threads: no interpreter start-up and torch import per evaluation (about 5 s
-    each on the CI machine). A test that uses it runs the recorded command once through ``run_eval`` as well."""
+    each on the CI machine). ``run_eval`` itself, a subprocess of the recorded command, is run by
+    tests/test_unified_episodes.py."""
     import contextlib
     import io
     import json
