@@ -126,7 +126,8 @@ def retrained_md(records: Sequence[dict]) -> str:
     runs = []
     for r in again:
         was, now = r["retrained"]["test_accuracy_recorded"], r["retrained"]["test_accuracy_retrained"]
-        runs.append(f"{r['row']} seed {r['seed']} ({'the same' if was == now else f'{now} against {was}'})")
+        same = round(was, 6) == round(now, 6)
+        runs.append(f"{r['row']} seed {r['seed']} ({'the same' if same else f'{now:.2f}% against {was:.2f}%'})")
     return (
         "Trained again for this table, their run folders being gone (`--retrain-missing`: the recorded command, the "
         f"same seed), with the test accuracy of the new checkpoint against the recorded one: {', '.join(runs)}."

@@ -170,3 +170,20 @@ def test_a_gone_checkpoint_is_named_or_trained_again_by_its_recorded_command(
     with pytest.raises(SystemExit, match="cannot retrain"):
         pgd.main([*argv, "--retrain-missing", "--data-dir", str(tmp_path)])
     assert not (work / "cnn_s0").exists()
+
+
+def test_the_retrained_line_names_a_changed_accuracy_with_two_decimals(pgd):
+    """A retrained checkpoint that did not reproduce reads '88.76% against 89.40%', not a float's repr."""
+
+    def again(was, now):
+        return {"test_accuracy_recorded": was, "test_accuracy_retrained": now}
+
+    records = [
+        {"row": "ram", "seed": 1, "retrained": again(89.4, 88.75999999999999)},
+        {"row": "ram", "seed": 0, "retrained": again(89.9, 89.9)},
+        {"row": "cnn", "seed": 0},
+    ]
+    line = pgd.retrained_md(records)
+    assert "ram seed 1 (88.76% against 89.40%)" in line and "ram seed 0 (the same)" in line
+    assert "cnn" not in line and "99999" not in line
+    assert pgd.retrained_md(records[2:]) == ""
