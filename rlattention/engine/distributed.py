@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.strategies import DDPStrategy
 
 from rlattention.engine.method import AttentionMethod
 
@@ -190,7 +191,32 @@ def _rank_zero_first(setup: _SetupGroup | None):
         setup.barrier()
 
 
-def _strategy(name: str, devices: Any, timeout_minutes: float = 10.0):
+class _DDP(DDPStrategy):
+    """Lightning's DDP whose processes meet (the rendezvous store's connections, ``init_process_group``) within
+    ``rendezvous_timeout`` (``trainer.setup_timeout_minutes``), and whose training group's collectives then wait at
+    most ``_timeout`` (``trainer.collective_timeout_minutes``). Lightning gives both the one timeout: a short
+    collective timeout also cut off the start-up of processes still importing torch on a loaded machine, with
+    torch's ``DistNetworkError`` instead of one clear line."""
+
+    def __init__(self, *args: Any, rendezvous_timeout: datetime.timedelta, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rendezvous_timeout = rendezvous_timeout
+
+    def _setup_distributed(self) -> None:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        collective = self._timeout
+        self._timeout = max(self.rendezvous_timeout, collective)  # what Lightning hands init_process_group
+        try:
+            super()._setup_distributed()
+        finally:
+            self._timeout = collective
+        if dist.is_available() and dist.is_initialized():
+            _set_pg_timeout(collective)  # the default group's collectives, from here on
+
+
+def _strategy(name: str, devices: Any, timeout_minutes: float = 10.0, setup_minutes: float | None = None):
     """``ddp`` (also ``auto`` with several devices outside interactive sessions, where Lightning picks ``ddp``
     too): Lightning's DDP with ``find_unused_parameters=True``. Some methods have trainable parameters that a step
     leaves without a gradient (e.g. the ``w_mean`` head of dcpg's policies, which only ``pg: continuous`` uses),
@@ -198,17 +224,24 @@ def _strategy(name: str, devices: Any, timeout_minutes: float = 10.0):
     where every step uses every parameter). The other names of Lightning's ``ddp`` family (``ddp_spawn``,
     ``ddp_fork``, ...) are built as Lightning builds them. Every DDP strategy gets ``timeout_minutes``
     (``trainer.collective_timeout_minutes``) as its process group's timeout: a collective that waits longer for a
-    stalled rank raises instead of hanging. Other names go to Lightning as they are."""
-    from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy
+    stalled rank raises instead of hanging. With ``setup_minutes`` (``trainer.setup_timeout_minutes``) the
+    processes' start-up rendezvous waits that long instead (:class:`_DDP`). Other names go to Lightning as
+    they are."""
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
 
     timeout = datetime.timedelta(minutes=timeout_minutes)
+    cls, extra = DDPStrategy, {}
+    if setup_minutes is not None:
+        cls, extra = _DDP, {"rendezvous_timeout": datetime.timedelta(minutes=setup_minutes)}
     interactive = hasattr(sys, "ps1") or bool(sys.flags.interactive)
     if name == "ddp" or (name == "auto" and isinstance(devices, int) and devices > 1 and not interactive):
-        return DDPStrategy(find_unused_parameters=True, timeout=timeout)
+        return cls(find_unused_parameters=True, timeout=timeout, **extra)
     if name == "ddp_find_unused_parameters_false":
-        return DDPStrategy(find_unused_parameters=False, timeout=timeout)
+        return cls(find_unused_parameters=False, timeout=timeout, **extra)
     entry = STRATEGY_REGISTRY[name] if isinstance(name, str) and name in STRATEGY_REGISTRY else None
-    if entry is not None and issubclass(entry["strategy"], DDPStrategy):
+    if entry is not None and entry["strategy"] is DDPStrategy:
+        return cls(**entry["init_params"], timeout=timeout, **extra)
+    if entry is not None and issubclass(entry["strategy"], DDPStrategy):  # e.g. DeepSpeed: one timeout
         return entry["strategy"](**entry["init_params"], timeout=timeout)
     return name
 

@@ -79,7 +79,7 @@ def _eval_fabric(cfg: ExperimentConfig, accelerator: str, devices: int, strategy
     fabric = Fabric(
         accelerator=accelerator,
         devices=devices,
-        strategy=_strategy(strategy, devices, tc.collective_timeout_minutes),
+        strategy=_strategy(strategy, devices, tc.collective_timeout_minutes, tc.setup_timeout_minutes),
         precision=tc.precision,
     )
     fabric.launch()

@@ -103,7 +103,7 @@ def _make_fabric(cfg: ExperimentConfig, run_dir: Path | None, resume: bool = Fal
     return Fabric(
         accelerator=tc.accelerator,
         devices=tc.devices,
-        strategy=_strategy(tc.strategy, tc.devices, tc.collective_timeout_minutes),
+        strategy=_strategy(tc.strategy, tc.devices, tc.collective_timeout_minutes, tc.setup_timeout_minutes),
         precision=tc.precision,
         plugins=[AtomicCheckpointIO()],
         loggers=make_loggers(run_dir, resume, tc.wandb, to_dict(cfg)),
