@@ -204,8 +204,12 @@ class _DDP(DDPStrategy):
 
     def _setup_distributed(self) -> None:
         import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _set_pg_timeout
 
+        try:  # torch's (private) setter of a group's timeout; without it, the one timeout as Lightning gives it
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+        except ImportError:
+            super()._setup_distributed()
+            return
         collective = self._timeout
         self._timeout = max(self.rendezvous_timeout, collective)  # what Lightning hands init_process_group
         try:
