@@ -56,15 +56,40 @@ class Row:
     extendable: bool = False
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux) and machine type, else the machine type alone: times, and the
+    exact weights a seed gives, differ between CPUs."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f", {platform.machine()}"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def append_record(log: Path, rec: dict) -> None:
+    """Append one finished run's record to ``log`` (a study's runs.jsonl), stamped with the CPU it ran on; a record
+    that already names one (``None``: not recorded) keeps it, as a run copied from another study's records does."""
+    with log.open("a") as f:
+        f.write(json.dumps(rec if "cpu" in rec else {**rec, "cpu": cpu_model()}) + "\n")
+
+
 def machine(records: Sequence[dict] = ()) -> str:
-    """The machine, with the torch threads the recorded runs used (``trainer.num_threads`` of their commands)."""
+    """The machine, with the torch threads the recorded runs used (``trainer.num_threads`` of their commands) and
+    the CPUs they ran on (a record's ``cpu``; records written before 2026-11-28 have none)."""
     import torch
 
     threads = sorted({part.split("=", 1)[1] for r in records for part in r["command"].split()
                       if part.startswith("trainer.num_threads=")})  # fmt: skip
     used = "/".join(threads) if threads else os.environ.get("STUDY_THREADS", "2")
-    cpu = platform.processor() or platform.machine()
-    return f"{used} torch thread(s) per run ({os.cpu_count()} cores, {cpu}), torch {torch.__version__}"
+    line = f"{used} torch thread(s) per run ({os.cpu_count()} cores, {cpu_model()}), torch {torch.__version__}"
+    cpus: dict[str, int] = {}
+    for r in records:
+        cpus[r.get("cpu") or "not recorded"] = cpus.get(r.get("cpu") or "not recorded", 0) + 1
+    if any(c != "not recorded" for c in cpus):
+        line += "; the runs' CPUs: " + ", ".join(f"{c} ({n} run{'s' * (n > 1)})" for c, n in cpus.items())
+    return line
 
 
 def _records(path: Path) -> list[dict]:
@@ -296,7 +321,7 @@ def shared_record(row: Row, seed: int, data_dir: str | None, out: Path, extra: S
             f"row {row.name} is declared the same as {study}'s {other} ({source}), but its config differs: {differ}; "
             "fix the row's definition (it is not run twice)"
         )
-    return {**rec, "row": row.name, "reused_from": {"study": study, "row": other, "runs": str(source)}}
+    return {"cpu": None, **rec, "row": row.name, "reused_from": {"study": study, "row": other, "runs": str(source)}}
 
 
 def resume_state(
@@ -643,6 +668,7 @@ def extend_one(row: Row, record: dict, data_dir: str | None, work: Path, threads
         "extended": {
             "from_epochs": cap,
             "from_command": record["command"],
+            "from_cpu": record.get("cpu"),
             "step": record["report"].get("steps"),
             "epoch": record["report"].get("epochs"),
             "command": shlex.join(run_argv),
@@ -902,8 +928,7 @@ def main(
                     else:
                         print(f"[{study}] {row.name} seed {seed} ...", flush=True)
                         rec = run_one(row, seed, args.data_dir, work, args.threads, args.overrides)
-                    with log.open("a") as f:
-                        f.write(json.dumps(rec) + "\n")
+                    append_record(log, rec)
                     print(f"[{study}] {row.name} seed {seed}: {metrics(in_percent(rec['report'], fraction_keys))}")
                     waiting.pop((row.name, seed), None)
                     ran_one = True

@@ -26,7 +26,6 @@ the summary and left out; this is evidence for docs/unified.md, not a table of i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from study import ROOT, Row, _records, checkpoint_of, current_records, resolved_config, summarise
+from study import ROOT, Row, _records, append_record, checkpoint_of, current_records, resolved_config, summarise
 
 DEFAULT_SOURCES = ("unified_beta2", "unified_sequences")
 BATCH = 500
@@ -158,8 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "command": command, "checkpoint": str(ckpt),
                    "source_command": src["command"], "settings": settings(args.seed), "report": report,
                    **({"recorded_test_accuracy": test["accuracy"]} if "accuracy" in test else {})}  # fmt: skip
-            with log.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_record(log, rec)
             records.append(rec)
             print(f"[context_leak] {name} seed {src['seed']}: {metrics(report)}", flush=True)
     records = [r for r in records if (r["row"], r["seed"], r["source_command"]) in current]

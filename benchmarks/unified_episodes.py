@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from study import ROOT, Row, _records, summarise
+from study import ROOT, Row, _records, append_record, summarise
 from unified_pgd import checkpoint_of, missing_md, recorded, retrain, retrained_md, run_eval
 
 DEFAULT_SOURCE = "unified_mnist"
@@ -232,8 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             best_val = again["best_val_accuracy_retrained"] if again else None
             rec = evaluate_run(name, src, args.data_dir, args.mc_samples, args.seed, args.threads, best_val)
             rec.update({"retrained": again} if again else {})
-            with log.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_record(log, rec)
             print(f"[{study}] {name} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
     measured = {(r["row"], r["seed"]) for r in records}

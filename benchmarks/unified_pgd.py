@@ -35,7 +35,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from study import ROOT, Row, _records, checkpoint_of, current_records, fit_argv, run_dir_of, run_one, summarise
+from study import (
+    ROOT,
+    Row,
+    _records,
+    append_record,
+    checkpoint_of,
+    current_records,
+    fit_argv,
+    run_dir_of,
+    run_one,
+    summarise,
+)
 
 EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 STEPS = 10
@@ -292,8 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[{study}] {src['row']} seed {src['seed']} ...", flush=True)
             rec = evaluate_run(src, args.data_dir, args.limit, args.epsilons, args.threads)
             rec.update({"retrained": again} if again else {})
-            with log.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_record(log, rec)
             print(f"[{study}] {src['row']} seed {src['seed']}: {metrics(rec['report'])}", flush=True)
     records = _records(log)
     attacked = {(r["row"], r["seed"]) for r in records}

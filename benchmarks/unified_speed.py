@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -30,6 +29,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from study import cpu_model  # noqa: E402
 
 from rlattention.engine.config import load_config  # noqa: E402
 from rlattention.engine.method import DataInfo  # noqa: E402
@@ -72,17 +73,6 @@ def data_batches(cfg, data_dir: str, n: int, batch: int):
     loader = iter(BatchLoader(splits.train, batch, True, cfg.trainer.seed, 0, 1, True, "cpu"))
     for _ in range(n):
         yield next(loader)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else the machine type: absolute step times differ between CPUs."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f", {platform.machine()}"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -72,6 +72,7 @@ def test_beta2_001_takes_the_cluttered60_entropy_context_runs(study, unified, tm
     assert rec["row"] == "beta2_001" and rec["seed"] == 0
     assert rec["reused_from"]["study"] == "unified_cluttered60" and rec["reused_from"]["row"] == "entropy_context"
     assert "entropy_context_s0" in rec["command"]  # the command that made the run, which reproduces it
+    assert rec["cpu"] is None  # the source named no CPU: the copy does not name this machine's, which did not run it
     doc = json.loads((tmp_path / "out" / "unified_beta2" / "summary.json").read_text())
     row = next(r for r in doc["rows"] if r["name"] == "beta2_001")
     assert row["metrics"]["test_error"] == [10.0] and row["same_as"] == "unified_cluttered60/entropy_context"

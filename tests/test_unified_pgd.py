@@ -51,7 +51,7 @@ def test_metrics_are_percent_and_the_share_kept(pgd):
     assert "--attack" not in pgd.eval_argv(Path("run/best.ckpt"), None, 1000, None)
 
 
-def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, capsys, monkeypatch):
+def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, benchmark_module, tmp_path, capsys, monkeypatch):
     # the evaluations run in this process: run_eval's own subprocess runs in tests/test_unified_episodes.py
     from tiny_runs import eval_in_process
 
@@ -86,6 +86,8 @@ def test_a_finished_run_is_attacked_recorded_once_and_summarised(pgd, tmp_path, 
     assert "cnn seed 0 ..." not in capsys.readouterr().out
     assert len((out / "runs.jsonl").read_text().splitlines()) == 1
     assert "1 torch thread(s) per run" in doc["machine"]
+    cpu = json.loads((out / "runs.jsonl").read_text())["cpu"]  # the CPU the attack ran on, named in the summary
+    assert cpu == benchmark_module("study").cpu_model() and f"the runs' CPUs: {cpu} (1 run)" in doc["machine"]
     # a source run whose folder is gone (the machine that trained it is not this one): the others are still
     # tabulated, the gone one is named in the summary and the exit status says the table is not the whole study
     gone = {**record, "row": "ram", "command": command.replace("cnn_s0", "ram_s0")}
