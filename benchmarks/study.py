@@ -76,14 +76,16 @@ def append_record(log: Path, rec: dict) -> None:
 
 
 def machine(records: Sequence[dict] = ()) -> str:
-    """The machine, with the torch threads the recorded runs used (``trainer.num_threads`` of their commands) and
-    the CPUs they ran on (a record's ``cpu``; records written before 2026-11-28 have none)."""
+    """The torch threads the recorded runs used (``trainer.num_threads`` of their commands), the machine writing the
+    summary (named as such: a summary is often rewritten elsewhere than its runs ran) and the CPUs the runs ran on (a
+    record's ``cpu``; records written before 2026-11-28 have none)."""
     import torch
 
     threads = sorted({part.split("=", 1)[1] for r in records for part in r["command"].split()
                       if part.startswith("trainer.num_threads=")})  # fmt: skip
     used = "/".join(threads) if threads else os.environ.get("STUDY_THREADS", "2")
-    line = f"{used} torch thread(s) per run ({os.cpu_count()} cores, {cpu_model()}), torch {torch.__version__}"
+    here = f"{os.cpu_count()} cores, {cpu_model()}"  # the machine writing the summary, not necessarily the runs'
+    line = f"{used} torch thread(s) per run; this summary written on {here}, torch {torch.__version__}"
     cpus: dict[str, int] = {}
     for r in records:
         cpus[r.get("cpu") or "not recorded"] = cpus.get(r.get("cpu") or "not recorded", 0) + 1

@@ -477,9 +477,25 @@ def figures_md(doc: dict, out: Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def curve_lines(doc: dict) -> list[tuple[str, str, list[float]]]:
+    """``(label, line style, validation accuracy by epoch)`` of every run of a summary that has a curve
+    (:func:`row_curves`): the issue rows' solid, then the variant rows' dashed and labelled so, to be read beside the
+    issue's rows, not as one of them. A run is drawn once: a variant run that an issue row was selected from (the
+    same command) is drawn as the issue row's."""
+    lines, drawn = [], set()
+    for r in sorted(doc["rows"], key=lambda r: not r["issue_row"]):  # a stable sort: the issue rows first
+        for seed, command, curve in row_curves(r):
+            if curve and command not in drawn:
+                drawn.add(command)
+                name = f"{r.get('selected_from', r['name'])} s{seed}"
+                lines.append((name, "-", curve) if r["issue_row"] else (f"{name} (variant)", "--", curve))
+    return lines
+
+
 def draw_figures(doc: dict, out: Path, targets: Sequence[tuple[str, float]]) -> list[Path]:
     """``out/figures/``: the test error of every issue row (mean, one dot per seed, the issue's targets dashed), the
-    validation accuracy of every run by epoch, and seed 0's first glimpse (and Q-value) figures of each row."""
+    validation accuracy of every run by epoch (a variant row's dashed), and seed 0's first glimpse (and Q-value)
+    figures of each issue row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -502,13 +518,14 @@ def draw_figures(doc: dict, out: Path, targets: Sequence[tuple[str, float]]) -> 
     fig.tight_layout()
     fig.savefig(folder / FIGURES[0], dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in doc["rows"]:
-        for seed, _, curve in row_curves(r):
-            if curve and r["issue_row"]:
-                ax.plot(range(1, len(curve) + 1), curve, label=f"{r.get('selected_from', r['name'])} s{seed}")
+    lines = curve_lines(doc)
+    fig, ax = plt.subplots(figsize=(6 + 2.5 * (len(lines) > 8), 4))
+    for label, linestyle, curve in lines:
+        ax.plot(range(1, len(curve) + 1), curve, label=label, linestyle=linestyle)
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title=doc["study"])
-    if ax.lines:  # no run with a kept curve: an empty figure, no legend
+    if len(lines) > 8:  # beside the axes, where it hides no curve
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif lines:  # no run with a kept curve: an empty figure, no legend
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / FIGURES[1], dpi=110)

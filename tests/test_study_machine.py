@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -28,7 +29,8 @@ def test_the_machine_line_counts_the_runs_of_each_cpu(study):
     cpus = ["AMD EPYC, x86_64", "AMD EPYC, x86_64", "Intel Xeon, x86_64", None]
     records = [{"command": cmd, "cpu": cpu} for cpu in cpus] + [{"command": cmd}]
     line = study.machine(records)
-    assert line.startswith("1 torch thread(s) per run")
+    assert line.startswith(f"1 torch thread(s) per run; this summary written on {os.cpu_count()} cores, ")
+    assert study.cpu_model() in line.split("; the runs' CPUs")[0]  # this machine, named as the summary's writer
     assert line.endswith("the runs' CPUs: AMD EPYC, x86_64 (2 runs), Intel Xeon, x86_64 (1 run), not recorded (2 runs)")
     # records written before runs named their CPU: the line says nothing it does not know
     assert "CPUs" not in study.machine([{"command": cmd}])

@@ -204,6 +204,28 @@ def test_a_summary_keeps_the_curves_so_its_budget_check_outlives_the_run_folders
     assert "[glimpses](figures/ram_s0_glimpses.png)" in study.figures_md(doc, out)  # still linked
 
 
+def test_the_curves_figure_draws_a_variant_row_dashed_beside_the_issue_rows(study):
+    """A variant row's curve is drawn (it is what a variant is read against) but dashed and labelled as a variant;
+    a run without a curve draws nothing."""
+    rows = [
+        {"name": "ram", "issue_row": True, "seeds": [0, 1], "commands": ["c0", "c1"],
+         "validation_curves": [[10.0, 20.0], [11.0, 21.0]]},
+        {"name": "ram_small", "issue_row": False, "seeds": [0], "commands": ["c2"], "validation_curves": [[12.0]]},
+    ]  # fmt: skip
+    lines = study.curve_lines({"rows": rows})
+    assert lines == [("ram s0", "-", [10.0, 20.0]), ("ram s1", "-", [11.0, 21.0]),
+                     ("ram_small s0 (variant)", "--", [12.0])]  # fmt: skip
+    rows[1]["validation_curves"] = [[]]
+    assert [label for label, _, _ in study.curve_lines({"rows": rows})] == ["ram s0", "ram s1"]
+    # an issue row selected from a variant's runs: those runs are drawn once, as the issue row's, listed first
+    chosen = {"name": "ram", "selected_from": "ram_lr", "issue_row": True, "seeds": [0], "commands": ["c5"],
+              "validation_curves": [[30.0]]}  # fmt: skip
+    candidate = {"name": "ram_lr", "issue_row": False, "seeds": [0, 1], "commands": ["c5", "c6"],
+                 "validation_curves": [[30.0], [31.0]]}  # fmt: skip
+    assert study.curve_lines({"rows": [candidate, chosen]}) == [("ram_lr s0", "-", [30.0]),
+                                                               ("ram_lr s1 (variant)", "--", [31.0])]  # fmt: skip
+
+
 def test_a_folder_holding_another_run_lends_no_curves(tmp_path, benchmark_module):
     """A run trained again into a recorded run's folder that did not reproduce it (or another run under the same
     name) is not the recorded run: its curves are not kept for that record, nor read for it."""
