@@ -525,7 +525,7 @@ def draw_figures(doc: dict, out: Path, targets: Sequence[tuple[str, float]]) -> 
     ax.set(xlabel="epoch", ylabel="validation accuracy (%)", title=doc["study"])
     if len(lines) > 8:  # beside the axes, where it hides no curve
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    elif lines:  # no run with a kept curve: an empty figure, no legend
+    elif lines:  # inside the axes (no run with a kept curve: an empty figure, no legend)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / FIGURES[1], dpi=110)

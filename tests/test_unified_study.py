@@ -206,7 +206,7 @@ def test_a_summary_keeps_the_curves_so_its_budget_check_outlives_the_run_folders
 
 def test_the_curves_figure_draws_a_variant_row_dashed_beside_the_issue_rows(study):
     """A variant row's curve is drawn (it is what a variant is read against) but dashed and labelled as a variant;
-    a run without a curve draws nothing."""
+    a run without a curve draws nothing, and a run an issue row was selected from is drawn once, as the issue row's."""
     rows = [
         {"name": "ram", "issue_row": True, "seeds": [0, 1], "commands": ["c0", "c1"],
          "validation_curves": [[10.0, 20.0], [11.0, 21.0]]},
